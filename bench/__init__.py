@@ -1,0 +1,1 @@
+"""Micro-benchmarks of MiniFlex components (run each as ``python -m bench.<name>``)."""

@@ -1,0 +1,246 @@
+"""The one frozen MiniFlex configuration.
+
+Built once at the boundary from vLLM's ``kv_connector_extra_config`` dict, with
+``MINIFLEX_<KEY>`` environment overrides, then passed explicitly to whoever
+needs it. This is the only module that reads environment variables.
+
+Example::
+
+    cfg = MiniFlexConfig.from_dict({"cpu_bytes": "8GiB", "blocks_per_chunk": 4})
+    cfg.cpu_bytes  # 8589934592
+
+Every field is documented in ``docs/config.md``; ``config_table()`` renders
+that table from the field specs below, and a test keeps the two identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from miniflex.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "MiniFlexConfig", "config_table", "parse_size", "total_memory_bytes"]
+
+ENV_PREFIX = "MINIFLEX_"
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_HELP = "expected bytes as an integer or a size such as '512MiB', '8GiB' or '1.5GB'"
+
+
+def parse_size(key: str, value: object) -> int:
+    """Parse ``8GiB``, ``1.5GB``, ``4096`` or an int into bytes; ConfigError otherwise."""
+    if isinstance(value, bool):
+        raise ConfigError(key, value, _SIZE_HELP)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, value, _SIZE_HELP + " (not negative)")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(key, value, _SIZE_HELP)
+
+
+def _parse_int(key: str, value: object, lo: int, hi: int) -> int:
+    accepted = f"expected an integer from {lo} to {hi}"
+    if isinstance(value, bool):
+        raise ConfigError(key, value, accepted)
+    try:
+        n = int(value) if isinstance(value, (int, str)) else None
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise ConfigError(key, value, accepted)
+    return n
+
+
+def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ConfigError(key, value, "expected one of " + ", ".join(repr(c) for c in choices))
+    return value.lower()
+
+
+def _parse_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("1", "true", "yes", "on")
+    raise ConfigError(key, value, "expected true or false")
+
+
+def _parse_path(key: str, value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(key, value, "expected a file path")
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise ConfigError(key, value, f"the directory {parent} must exist")
+    return value
+
+
+def total_memory_bytes() -> int:
+    """Physical memory of this machine, the ceiling for the pinned CPU pool."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    parse: Callable[[str, object], Any]
+    default: Any
+    doc: str
+    shown_default: str
+
+
+def _size(default: str, doc: str) -> _Spec:
+    return _Spec(parse_size, parse_size("default", default), doc, default)
+
+
+_EVICTION = ("lru", "fifo")
+_MOVERS = ("auto", "cpu")
+
+_SPECS: dict[str, _Spec] = {
+    "cpu_bytes": _size(
+        "4GiB",
+        "Size of the pinned CPU pool (the CPU tier). Must hold at least one chunk and be "
+        "below the machine's physical memory.",
+    ),
+    "cpu_pool_file": _Spec(
+        lambda k, v: _parse_path(k, v),
+        None,
+        "Back the CPU pool by a shared mapping of this file (one per TP rank: `<path>.<rank>`, "
+        "mode 0600, removed at shutdown) instead of anonymous memory, e.g. under `/dev/shm` so "
+        "that tools can inspect a live pool. Empty: anonymous memory.",
+        "",
+    ),
+    "blocks_per_chunk": _Spec(
+        lambda k, v: _parse_int(k, v, 1, 1024),
+        4,
+        "vLLM blocks per chunk, the unit of lookup, allocation, eviction and I/O. "
+        "A chunk is `blocks_per_chunk * block_size` tokens.",
+        "4",
+    ),
+    "cpu_eviction": _Spec(
+        lambda k, v: _parse_choice(k, v, _EVICTION),
+        "lru",
+        "Eviction policy of the CPU tier: " + ", ".join(_EVICTION) + ".",
+        "lru",
+    ),
+    "mover": _Spec(
+        lambda k, v: _parse_choice(k, v, _MOVERS),
+        "auto",
+        "How KV bytes move between vLLM's cache and the CPU pool: "
+        "`cpu` (torch copies, used on vLLM's CPU backend); `auto` picks the best available.",
+        "auto",
+    ),
+    "max_inflight_chunks": _Spec(
+        lambda k, v: _parse_int(k, v, 1, 1 << 20),
+        4096,
+        "Upper bound on chunks being stored at once; further stores are skipped "
+        "(and counted in `stores_skipped`) rather than queued without bound.",
+        "4096",
+    ),
+    "store": _Spec(
+        _parse_bool,
+        True,
+        "Save newly computed chunks. `false` makes the cache read-only (loads still work).",
+        "true",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class MiniFlexConfig:
+    """Every MiniFlex setting, validated. See ``docs/config.md`` for the table."""
+
+    cpu_bytes: int = field(default=_SPECS["cpu_bytes"].default)
+    cpu_pool_file: str | None = field(default=_SPECS["cpu_pool_file"].default)
+    blocks_per_chunk: int = field(default=_SPECS["blocks_per_chunk"].default)
+    cpu_eviction: str = field(default=_SPECS["cpu_eviction"].default)
+    mover: str = field(default=_SPECS["mover"].default)
+    max_inflight_chunks: int = field(default=_SPECS["max_inflight_chunks"].default)
+    store: bool = field(default=_SPECS["store"].default)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            # Re-validate so that direct construction is as safe as from_dict().
+            object.__setattr__(self, f.name, _SPECS[f.name].parse(f.name, getattr(self, f.name)))
+        mem = total_memory_bytes()
+        if self.cpu_bytes >= mem:
+            raise ConfigError(
+                "cpu_bytes",
+                self.cpu_bytes,
+                f"must be below this machine's physical memory ({mem} bytes, "
+                f"{mem / 2**30:.1f} GiB)",
+            )
+
+    @classmethod
+    def from_dict(
+        cls, extra: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None
+    ) -> MiniFlexConfig:
+        """Build from ``kv_connector_extra_config``; ``MINIFLEX_<KEY>`` variables override it.
+
+        ``env`` defaults to ``os.environ``. Unknown keys, in either source, raise
+        ConfigError listing the valid keys, so typos are never silently ignored.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for key, value in (extra or {}).items():
+            values[_known(key, value)] = value
+        for name, value in env.items():
+            if name.startswith(ENV_PREFIX):
+                values[_known(name[len(ENV_PREFIX) :].lower(), value, name)] = value
+        return cls(**{k: _SPECS[k].parse(k, v) for k, v in values.items()})
+
+    def replace(self, **changes: object) -> MiniFlexConfig:
+        """A copy with some fields changed (validated like the original)."""
+        for key, value in changes.items():
+            _known(key, value)
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _known(key: str, value: object, shown: str | None = None) -> str:
+    if key not in _SPECS:
+        raise ConfigError(shown or key, value, "unknown key; valid keys are " + ", ".join(_SPECS))
+    return key
+
+
+def config_table() -> str:
+    """The Markdown table of every field, as published in ``docs/config.md``."""
+    rows = ["| key | environment | default | meaning |", "|---|---|---|---|"]
+    for key, spec in _SPECS.items():
+        rows.append(
+            f"| `{key}` | `{ENV_PREFIX}{key.upper()}` | `{spec.shown_default}` | {spec.doc} |"
+        )
+    return "\n".join(rows) + "\n"

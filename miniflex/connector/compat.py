@@ -1,0 +1,166 @@
+"""Every difference between the vLLM versions MiniFlex supports (0.26 - 0.33).
+
+Nothing else in MiniFlex reads vLLM's internal objects directly: the facade
+and the halves get plain values from these functions.
+
+Known differences:
+
+* ``KVCacheConfig.kv_cache_layout`` (the resolved physical layout) exists from
+  0.30 on; 0.26 exposes it as ``get_kv_cache_layout()`` ("NHD" / "HND").
+* ``SchedulerOutput.preempted_req_ids`` and ``KVConnectorBase_V1.handle_preemptions``
+  exist in 0.32+; without them a preempted request's stores are not waited for
+  before its blocks are reused, so on 0.26 MiniFlex waits at every
+  ``start_load_kv`` for stores of requests it no longer sees scheduled.
+* ``has_pending_block_frees`` exists in 0.32+ (keeps the engine stepping while
+  a finished request's stores complete); on 0.26 the release waits for the
+  next engine step.
+* ``KVCacheConfig.hash_block_size`` (0.32+) may differ from the block size;
+  MiniFlex needs them equal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from miniflex.connector.manager import ScheduledReq
+from miniflex.errors import ConfigError
+from miniflex.layout import KVGeometry
+from miniflex.types import BlockId, ReqId
+
+__all__ = [
+    "block_hashes",
+    "geometry_from_config",
+    "model_name",
+    "page_order",
+    "preempted_ids",
+    "request_block_ids",
+    "scheduled_requests",
+    "share_vllm_logging",
+    "tp_rank",
+    "tp_size",
+]
+
+_ORDER_BY_NAME = {
+    "LBNHC": "LBNHC",
+    "BLNHC": "LBNHC",
+    "NHD": "LBNHC",
+    "LBHNC": "LBHNC",
+    "BLHNC": "LBHNC",
+    "HND": "LBHNC",
+}
+
+
+def geometry_from_config(kv_cache_config: Any, blocks_per_chunk: int) -> KVGeometry:
+    """KV sizes from vLLM's KVCacheConfig; the scheduler and workers derive the same."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ConfigError(
+            "kv_cache_groups",
+            len(groups),
+            "MiniFlex supports models with one uniform attention type (one KV cache group)",
+        )
+    spec = groups[0].kv_cache_spec
+    for attr in ("num_kv_heads", "head_size", "block_size", "dtype"):
+        if not hasattr(spec, attr):
+            raise ConfigError("kv_cache_spec", type(spec).__name__, "a full-attention KV spec")
+    hash_bs = getattr(kv_cache_config, "hash_block_size", None)
+    if hash_bs not in (None, spec.block_size):
+        raise ConfigError(
+            "hash_block_size", hash_bs, f"must equal the block size {spec.block_size} for MiniFlex"
+        )
+    return KVGeometry(
+        num_layers=len(groups[0].layer_names),
+        num_kv_heads=int(spec.num_kv_heads),
+        head_size=int(spec.head_size),
+        block_size=int(spec.block_size),
+        dtype=str(spec.dtype).removeprefix("torch."),
+        itemsize=int(spec.dtype.itemsize),
+        blocks_per_chunk=blocks_per_chunk,
+    )
+
+
+def page_order(kv_cache_config: Any) -> str:
+    """The page order ("LBNHC" or "LBHNC") the engine resolved for its KV cache."""
+    name = getattr(kv_cache_config, "kv_cache_layout", None)
+    if name is None:
+        try:  # vLLM 0.26
+            from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+            name = get_kv_cache_layout()
+        except ImportError:
+            name = "NHD"
+    key = str(getattr(name, "name", name))
+    return _ORDER_BY_NAME.get(key, key)
+
+
+def model_name(vllm_config: Any) -> str:
+    return str(vllm_config.model_config.model)
+
+
+def tp_size(vllm_config: Any) -> int:
+    return int(vllm_config.parallel_config.tensor_parallel_size)
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 where no TP group was set up)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError):
+        return 0
+
+
+def share_vllm_logging() -> None:
+    """Send the ``miniflex`` logger's records to vLLM's handlers (same format, same stream)."""
+    ours, theirs = logging.getLogger("miniflex"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(theirs.level or logging.INFO)
+        ours.propagate = False
+
+
+def block_hashes(request: Any) -> list[bytes]:
+    return [bytes(h) for h in request.block_hashes]
+
+
+def request_block_ids(blocks: Any) -> list[BlockId]:
+    """Group 0's block ids of a KVCacheBlocks object."""
+    return [BlockId(b) for b in blocks.get_block_ids()[0]]
+
+
+def scheduled_requests(so: Any) -> list[ScheduledReq]:
+    out = [
+        ScheduledReq(
+            ReqId(r.req_id),
+            r.num_computed_tokens,
+            so.num_scheduled_tokens[r.req_id],
+            tuple(BlockId(b) for b in r.block_ids[0]),
+            True,
+        )
+        for r in so.scheduled_new_reqs
+    ]
+    cached = so.scheduled_cached_reqs
+    resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+    flags = getattr(cached, "resumed_from_preemption", None)  # older spelling
+    if flags is not None:
+        resumed |= {r for r, f in zip(cached.req_ids, flags, strict=True) if f}
+    for i, req_id in enumerate(cached.req_ids):
+        new = cached.new_block_ids[i]
+        out.append(
+            ScheduledReq(
+                ReqId(req_id),
+                cached.num_computed_tokens[i],
+                so.num_scheduled_tokens[req_id],
+                tuple(BlockId(b) for b in (new[0] if new is not None else ())),
+                req_id in resumed,
+            )
+        )
+    return out
+
+
+def preempted_ids(so: Any) -> Iterable[ReqId]:
+    return [ReqId(r) for r in (getattr(so, "preempted_req_ids", None) or ())]

@@ -1,0 +1,226 @@
+"""``MiniFlexConnector``: the vLLM V1 KV connector, a facade over two halves.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "MiniFlexConnector",
+                           "kv_connector_module_path": "miniflex.connector",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"cpu_bytes": "8GiB"}}'
+
+In the scheduler process it forwards to :class:`MiniFlexManager`; in each
+worker to :class:`MiniFlexHandler`. The two exchange only
+:class:`MiniFlexMetadata` (a frozen ``TransferPlan``, going down) and
+:class:`MiniFlexWorkerMeta` (``JobResult``s, coming back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from miniflex.config import MiniFlexConfig
+from miniflex.connector import compat
+from miniflex.connector.handler import MiniFlexHandler
+from miniflex.connector.manager import MiniFlexManager
+from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
+from miniflex.connector.stats import MiniFlexConnectorStats
+from miniflex.errors import ConfigError, TransferError
+from miniflex.keys import Namespace
+from miniflex.plan import JobKind, TransferPlan
+from miniflex.types import ReqId
+
+if TYPE_CHECKING:
+    from vllm.v1.outputs import KVConnectorOutput
+
+__all__ = ["MiniFlexConnector"]
+
+logger = logging.getLogger("miniflex.connector")
+
+
+class MiniFlexConnector(KVConnectorBase_V1):
+    """Tiered KV cache (pinned CPU now; SSD next) behind vLLM's V1 connector API."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        compat.share_vllm_logging()
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.config = MiniFlexConfig.from_dict(extra)
+        if kv_cache_config is None:
+            raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
+        geometry = compat.geometry_from_config(kv_cache_config, self.config.blocks_per_chunk)
+        self.geometry = geometry
+        self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
+        if self.num_slots < 1:
+            raise ConfigError(
+                "cpu_bytes",
+                self.config.cpu_bytes,
+                f"must hold at least one chunk ({geometry.slot_bytes} bytes for this model)",
+            )
+        self.page_order = compat.page_order(kv_cache_config)
+        self.ns = Namespace(
+            model=compat.model_name(vllm_config),
+            dtype=geometry.dtype,
+            layout=self.page_order,
+            num_layers=geometry.num_layers,
+            num_kv_heads=geometry.num_kv_heads,
+            head_size=geometry.head_size,
+            block_size=geometry.block_size,
+            blocks_per_chunk=geometry.blocks_per_chunk,
+            tp_size=compat.tp_size(vllm_config),
+        )
+        self._manager: MiniFlexManager | None = None
+        self._handler: MiniFlexHandler | None = None
+        self._requests: dict[ReqId, Any] = {}
+        if role == KVConnectorRole.SCHEDULER:
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                # A cache miss must never fail a request: recompute what could not be loaded.
+                logger.info("MiniFlex sets kv_load_failure_policy=recompute")
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+            self._manager = MiniFlexManager(self.config, self.ns, self.num_slots, self.ns.tp_size)
+            logger.info(
+                "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), namespace %s",
+                self.num_slots,
+                geometry.chunk_tokens,
+                self.num_slots * geometry.slot_bytes / 2**30,
+                self.ns.digest.hex()[:12],
+            )
+        else:
+            self._handler = MiniFlexHandler(self.config)
+
+    # ---------------- worker side ----------------
+    @property
+    def handler(self) -> MiniFlexHandler:
+        assert self._handler is not None, "worker-side call on the scheduler connector"
+        return self._handler
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        layout = self.handler.register(kv_caches, self.num_slots, compat.tp_rank())
+        if layout.geometry != self.geometry or layout.order != self.page_order:
+            raise TransferError(
+                f"KV tensors ({layout.order}, {layout.geometry}) differ from what the scheduler "
+                f"planned for ({self.page_order}, {self.geometry})"
+            )
+
+    def _plan(self) -> TransferPlan:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, MiniFlexMetadata)
+        return meta.plan
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(kv_connector_metadata, MiniFlexMetadata):
+            self.handler.wait_for(kv_connector_metadata.plan.preempted)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        plan = self._plan()
+        self.handler.wait_for(plan.preempted)
+        self.handler.submit(plan, JobKind.LOAD)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: requests wait in the scheduler, not in layers
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # stores are queued once per step in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self.has_connector_metadata():
+            self.handler.submit(self._plan(), JobKind.STORE)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.has_connector_metadata():  # 0.26 skips the earlier hooks on empty steps
+            plan = self._plan()
+            self.handler.submit(plan, JobKind.LOAD)
+            self.handler.submit(plan, JobKind.STORE)
+        sending, recving = self.handler.poll()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return set(self.handler.take_load_errors())
+
+    def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
+        results = self.handler.take_results()
+        return MiniFlexWorkerMeta(tuple(results)) if results else None
+
+    def shutdown(self) -> None:
+        if self._handler is not None:
+            self._handler.shutdown()
+
+    # ---------------- scheduler side ----------------
+    @property
+    def manager(self) -> MiniFlexManager:
+        assert self._manager is not None, "scheduler-side call on a worker connector"
+        return self._manager
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        self._requests[request.request_id] = request
+        n = self.manager.lookup(
+            request.request_id,
+            compat.block_hashes(request),
+            request.num_tokens,
+            num_computed_tokens,
+        )
+        return n, n > 0
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._requests[request.request_id] = request
+        self.manager.on_alloc(
+            request.request_id, compat.request_block_ids(blocks), num_external_tokens
+        )
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        scheduled = compat.scheduled_requests(scheduler_output)
+        hashes = {
+            s.req_id: compat.block_hashes(self._requests[s.req_id])
+            for s in scheduled
+            if s.req_id in self._requests
+        }
+        plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
+        return MiniFlexMetadata(plan)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, MiniFlexWorkerMeta):
+            self.manager.on_results(meta.results)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+        req_id = request.request_id
+        st = self.manager.state(req_id)
+        params = {"miniflex": {"hit_tokens": st.hit_tokens, "stored_tokens": st.stored_tokens}}
+        delay = self.manager.on_finished(req_id)
+        self._requests.pop(req_id, None)
+        return delay, params
+
+    def has_pending_block_frees(self) -> bool:
+        return self.manager.has_pending_frees()
+
+    def has_pending_push_work(self) -> bool:
+        """Keep the engine stepping while jobs are in flight, so their results arrive."""
+        return self.manager.has_jobs()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a store dropped by preemption is only a future miss
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
+
+    def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
+        if self._manager is None or self._manager.stats.is_empty():
+            return None
+        stats, self._manager.stats = self._manager.stats, type(self._manager.stats)()
+        return MiniFlexConnectorStats(data=stats.as_counters())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MiniFlexConnectorStats:
+        return MiniFlexConnectorStats(data=dict(data or {}))

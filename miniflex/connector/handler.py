@@ -1,0 +1,194 @@
+"""The worker half of the connector: executes plans, reports what finished.
+
+It runs in each vLLM worker process and owns the bytes: the CPU pool and a
+mover bound to vLLM's KV tensors. Jobs run on one transfer thread in plan
+order, so a load never overtakes a store of the same slot:
+
+* loads are queued at ``start_load_kv`` (before the step's forward); they go
+  into blocks of requests that wait for them, which no forward touches;
+* stores are queued at ``wait_for_save`` (after the forward that computed
+  their blocks), and a finished request keeps its blocks until its stores are
+  done (the scheduler lists it in ``TransferPlan.release``);
+* a preempted request's stores are waited for before the next forward, which
+  may reuse its blocks.
+
+Any exception in a job is caught here, logged, and reported as a failed job
+(a failed load becomes load errors, so vLLM recomputes those blocks).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+import torch
+
+from miniflex.config import MiniFlexConfig
+from miniflex.errors import ConfigError
+from miniflex.gpu.base import KVMover
+from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.layout import KVLayout, layout_from_tensors
+from miniflex.plan import JobKind, JobResult, TransferJob, TransferPlan
+from miniflex.pool import HostPool
+from miniflex.types import BlockId, ReqId
+
+__all__ = ["MOVERS", "MiniFlexHandler", "make_mover"]
+
+logger = logging.getLogger("miniflex.handler")
+
+MOVERS = ("auto", "cpu")
+
+
+def make_mover(
+    name: str, layout: KVLayout, kv_caches: Mapping[str, torch.Tensor], pool: HostPool
+) -> KVMover:
+    """The registry of movers; ``auto`` picks the best one for where the KV cache lives."""
+    if name in ("auto", "cpu"):
+        return TorchMover(layout, kv_caches, pool)
+    raise ConfigError("mover", name, "expected one of " + ", ".join(MOVERS))
+
+
+class MiniFlexHandler:
+    """Worker-side MiniFlex for one rank; call ``register`` before anything else."""
+
+    def __init__(self, config: MiniFlexConfig) -> None:
+        self.config = config
+        self.layout: KVLayout | None = None
+        self._pool: HostPool | None = None
+        self._mover: KVMover | None = None
+        self._queue: queue.Queue[tuple[TransferJob, Future[JobResult]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._done: list[JobResult] = []
+        self._pending: dict[ReqId, list[Future[JobResult]]] = {}
+        self._release: set[ReqId] = set()
+        self._load_errors: set[BlockId] = set()
+        self._results: list[JobResult] = []
+        self._plan: TransferPlan | None = None
+        self._submitted: set[JobKind] = set()
+
+    def register(
+        self, kv_caches: Mapping[str, torch.Tensor], num_slots: int, rank: int = 0
+    ) -> KVLayout:
+        self.layout = layout_from_tensors(kv_caches, self.config.blocks_per_chunk)
+        path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
+        self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
+        self._mover = make_mover(self.config.mover, self.layout, kv_caches, self._pool)
+        self._thread = threading.Thread(target=self._run, name="miniflex-transfer", daemon=True)
+        self._thread.start()
+        logger.info(
+            "MiniFlex worker: %s layout, %d CPU slots of %d bytes (%.2f GiB), chunk %d tokens",
+            self.layout.name,
+            num_slots,
+            self._pool.slot_bytes,
+            self._pool.nbytes / 2**30,
+            self.layout.geometry.chunk_tokens,
+        )
+        return self.layout
+
+    # ---- plan execution ----
+    def submit(self, plan: TransferPlan, kind: JobKind) -> None:
+        """Queue the plan's jobs of one kind once; loads before forward, stores after it.
+
+        Idempotent per plan, so a hook that some vLLM versions skip on empty
+        steps can be backed up by a later one.
+        """
+        if plan is not self._plan:
+            self._plan, self._submitted = plan, set()
+        if kind in self._submitted:
+            return
+        self._submitted.add(kind)
+        for job in plan.jobs:
+            if job.kind is kind:
+                fut: Future[JobResult] = Future()
+                self._pending.setdefault(job.req_id, []).append(fut)
+                self._queue.put((job, fut))
+        if kind is JobKind.STORE:
+            self._release.update(plan.release)
+
+    def in_flight(self, req_id: ReqId) -> int:
+        """Jobs of this request queued or running (not yet done)."""
+        return sum(not f.done() for f in self._pending.get(req_id, ()))
+
+    def drain(self) -> None:
+        """Block until every queued job is done (shutdown, tests, synchronous callers)."""
+        for futs in list(self._pending.values()):
+            for fut in list(futs):
+                fut.result()
+
+    def wait_for(self, req_ids: tuple[ReqId, ...]) -> None:
+        """Block until every queued job of these requests is done (their blocks may be reused)."""
+        for r in req_ids:
+            for fut in list(self._pending.get(r, ())):
+                fut.result()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job, fut = item
+            fut.set_result(self._execute(job))
+
+    def _execute(self, job: TransferJob) -> JobResult:
+        assert self._mover is not None
+        t0 = time.perf_counter()
+        try:
+            if job.unavailable:
+                raise LookupError(f"{len(job.unavailable)} blocks were evicted before loading")
+            moved = (
+                self._mover.load(job.chunks)
+                if job.kind is JobKind.LOAD
+                else self._mover.store(job.chunks)
+            )
+        except Exception as exc:  # the worker boundary: report, never crash vLLM
+            logger.error(
+                "MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc
+            )
+            failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
+            return JobResult(
+                job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed
+            )
+        return JobResult(job.job_id, job.req_id, job.kind, True, moved, time.perf_counter() - t0)
+
+    # ---- completion reporting ----
+    def poll(self) -> tuple[set[str], set[str]]:
+        """Collect finished jobs: (finished_sending, finished_recving) request ids for vLLM."""
+        recving: set[str] = set()
+        for req_id, futs in list(self._pending.items()):
+            still = []
+            for fut in futs:
+                if not fut.done():
+                    still.append(fut)
+                    continue
+                res = fut.result()
+                self._results.append(res)
+                if res.kind is JobKind.LOAD:
+                    recving.add(res.req_id)
+                    self._load_errors.update(res.failed_block_ids)
+            if still:
+                self._pending[req_id] = still
+            else:
+                del self._pending[req_id]
+        sending = {r for r in self._release if r not in self._pending}
+        self._release -= sending
+        return sending, recving
+
+    def take_results(self) -> list[JobResult]:
+        out, self._results = self._results, []
+        return out
+
+    def take_load_errors(self) -> set[BlockId]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self.drain()
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

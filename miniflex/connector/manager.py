@@ -1,0 +1,254 @@
+"""The scheduler half of the connector: lookups, load and store plans, commits.
+
+It runs inside vLLM's scheduler (EngineCore process), owns the tier metadata
+and never touches KV bytes. Per engine step:
+
+1. ``lookup`` (from ``get_num_new_matched_tokens``): a side-effect-free prefix
+   match of the request's chunk keys, starting after vLLM's own GPU hit.
+2. ``on_alloc`` (from ``update_state_after_alloc``): pins the hit chunks and
+   records the blocks vLLM allocated for them.
+3. ``build_plan`` (from ``build_connector_meta``): load jobs for step 2's
+   requests, store jobs for chunks that this step completes, releases.
+4. ``on_output`` (from ``update_connector_output``): two-phase commits of the
+   jobs the workers finished, failed loads dropped from the tier.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from miniflex.config import MiniFlexConfig
+from miniflex.connector.requests import PendingLoad, ReqState
+from miniflex.keys import Namespace, chunk_keys_from_block_hashes
+from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, TransferJob, TransferPlan
+from miniflex.stats import TransferStats
+from miniflex.tiers import SlotTier
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
+
+__all__ = ["MiniFlexManager", "ScheduledReq"]
+
+logger = logging.getLogger("miniflex.manager")
+
+
+@dataclass(frozen=True)
+class ScheduledReq:
+    """A request scheduled this step, as vLLM's SchedulerOutput describes it."""
+
+    req_id: ReqId
+    num_computed_tokens: int  # before this step
+    num_scheduled_tokens: int
+    block_ids: tuple[BlockId, ...]
+    replace_blocks: bool  # True: block_ids is the whole table, else new blocks to append
+
+
+@dataclass
+class _Job:
+    job: TransferJob
+    pending_reports: int
+    placed: list[tuple[ChunkKey, SlotId]] = field(default_factory=list)  # stores
+    slots: list[SlotId] = field(default_factory=list)  # loads
+    ok: bool = True
+
+
+class MiniFlexManager:
+    """Scheduler-side MiniFlex for one engine; ``num_workers`` ranks report every job."""
+
+    def __init__(
+        self, config: MiniFlexConfig, ns: Namespace, num_slots: int, num_workers: int = 1
+    ) -> None:
+        self.config = config
+        self.ns = ns
+        self.cpu = SlotTier(Tier.CPU, num_slots, config.cpu_eviction)
+        self.num_workers = num_workers
+        self._reqs: dict[ReqId, ReqState] = {}
+        self._jobs: dict[JobId, _Job] = {}
+        self._next_job = 0
+        self._to_load: list[ReqId] = []
+        self._release: list[ReqId] = []
+        self.stats = TransferStats()
+
+    # ---- request bookkeeping ----
+    def state(self, req_id: ReqId) -> ReqState:
+        st = self._reqs.get(req_id)
+        if st is None:
+            st = self._reqs[req_id] = ReqState(req_id)
+        return st
+
+    def _keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
+        bpc = self.ns.blocks_per_chunk
+        if len(block_hashes) // bpc > len(st.keys):
+            done = len(st.keys) * bpc
+            st.keys += chunk_keys_from_block_hashes(self.ns, block_hashes[done:])
+        return st.keys
+
+    # ---- 1. lookup ----
+    def lookup(
+        self, req_id: ReqId, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
+    ) -> int:
+        """Tokens beyond ``num_computed`` that MiniFlex can load; no side effect on tiers."""
+        st = self.state(req_id)
+        st.num_computed_tokens = num_computed
+        keys = self._keys(st, block_hashes)
+        ct, bs = self.ns.chunk_tokens, self.ns.block_size
+        start = num_computed // ct
+        hit = self.cpu.match(keys[start:]) if start < len(keys) else 0
+        end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
+        return max(0, end - num_computed)
+
+    # ---- 2. allocation ----
+    def on_alloc(self, req_id: ReqId, block_ids: Sequence[BlockId], num_external: int) -> None:
+        """Pin the chunks to load into ``block_ids`` (the request's whole block table)."""
+        st = self.state(req_id)
+        st.block_ids = list(block_ids)
+        if num_external <= 0 or st.load is not None or st.load_job is not None:
+            return
+        ct = self.ns.chunk_tokens
+        first, end = st.num_computed_tokens, st.num_computed_tokens + num_external
+        keys = st.keys[first // ct : -(-end // ct)]
+        st.load = PendingLoad(first, num_external, self.cpu.prepare_load(keys), keys)
+        self._to_load.append(req_id)
+
+    # ---- 3. plans ----
+    def build_plan(
+        self, scheduled: Iterable[ScheduledReq], preempted: Iterable[ReqId], block_hashes: dict
+    ) -> TransferPlan:
+        """Everything the workers must do this step. ``block_hashes``: req_id -> hashes."""
+        jobs = [j for r in self._to_load if (j := self._load_job(r)) is not None]
+        self._to_load.clear()
+        for s in scheduled:
+            st = self.state(s.req_id)
+            st.block_ids = (
+                list(s.block_ids) if s.replace_blocks else st.block_ids + list(s.block_ids)
+            )
+            hashes = block_hashes.get(s.req_id)
+            if hashes is not None and self.config.store:
+                job = self._store_job(st, hashes, s.num_computed_tokens + s.num_scheduled_tokens)
+                if job is not None:
+                    jobs.append(job)
+        preempted = tuple(preempted)
+        for r in preempted:
+            if r in self._reqs:
+                self._reqs[r].block_ids = []
+        release, self._release = tuple(self._release), []
+        return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted)
+
+    def _new_job(
+        self, st: ReqState, kind: JobKind, chunks: list[ChunkMove], **kw: object
+    ) -> TransferJob:
+        job = TransferJob(JobId(self._next_job), st.req_id, kind, tuple(chunks), **kw)  # type: ignore[arg-type]
+        self._next_job += 1
+        return job
+
+    def _load_job(self, req_id: ReqId) -> TransferJob | None:
+        st = self._reqs.get(req_id)
+        if st is None or st.load is None:
+            return None
+        load, st.load = st.load, None
+        bs, bpc = self.ns.block_size, self.ns.blocks_per_chunk
+        b0, b1 = load.first_token // bs, (load.first_token + load.num_tokens) // bs
+        chunks, unavailable = [], []
+        for b in range(b0, b1):
+            i = b // bpc - b0 // bpc
+            if i >= len(load.slots):
+                unavailable.append(st.block_ids[b])
+            elif chunks and chunks[-1].slot == load.slots[i]:
+                prev = chunks[-1]
+                chunks[-1] = ChunkMove(prev.slot, (*prev.block_ids, st.block_ids[b]), prev.first)
+            else:
+                chunks.append(ChunkMove(load.slots[i], (st.block_ids[b],), b % bpc))
+        job = self._new_job(st, JobKind.LOAD, chunks, unavailable=tuple(unavailable))
+        self._jobs[job.job_id] = _Job(job, self.num_workers, slots=list(load.slots))
+        st.load_job = job.job_id
+        st.hit_tokens += load.num_tokens - len(unavailable) * bs
+        self.stats.hit_tokens[Tier.CPU.name.lower()] += load.num_tokens - len(unavailable) * bs
+        return job
+
+    def _store_job(
+        self, st: ReqState, hashes: Sequence[bytes], done_tokens: int
+    ) -> TransferJob | None:
+        keys = self._keys(st, hashes)
+        full = min(
+            len(keys),
+            done_tokens // self.ns.chunk_tokens,
+            len(st.block_ids) // self.ns.blocks_per_chunk,
+        )
+        if full <= st.stored_chunks:
+            return None
+        if sum(len(j.placed) for j in self._jobs.values()) >= self.config.max_inflight_chunks:
+            self.stats.stores_skipped += full - st.stored_chunks
+            return None
+        first = st.stored_chunks
+        st.stored_chunks = full
+        placed = self.cpu.prepare_store(keys[first:full])
+        if not placed:
+            return None
+        index = {k: i for i, k in enumerate(keys)}
+        bpc = self.ns.blocks_per_chunk
+        chunks = [
+            ChunkMove(slot, tuple(st.block_ids[index[k] * bpc : (index[k] + 1) * bpc]))
+            for k, slot in placed
+        ]
+        job = self._new_job(st, JobKind.STORE, chunks)
+        self._jobs[job.job_id] = _Job(job, self.num_workers, placed=placed)
+        st.store_jobs.add(job.job_id)
+        return job
+
+    # ---- 4. completions ----
+    def on_results(self, results: Iterable[JobResult]) -> None:
+        """Commit jobs once every worker has reported them (two-phase)."""
+        for r in results:
+            rec = self._jobs.get(r.job_id)
+            if rec is None:
+                continue
+            rec.pending_reports -= 1
+            rec.ok = rec.ok and r.ok
+            self.stats.add_result(r)
+            if rec.pending_reports > 0:
+                continue
+            del self._jobs[r.job_id]
+            ok = rec.ok
+            st = self._reqs.get(r.req_id)
+            if r.kind is JobKind.STORE:
+                self.cpu.complete_store(rec.placed, ok)
+                if st is not None:
+                    st.store_jobs.discard(r.job_id)
+                    st.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
+                self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
+            else:
+                self.cpu.complete_load(rec.slots, ok)
+                if st is not None:
+                    st.load_job = None
+            if not ok:
+                self.stats.failed_jobs += 1
+            if st is not None:
+                self._maybe_forget(st)
+
+    def on_finished(self, req_id: ReqId) -> bool:
+        """vLLM finished (or aborted) the request; True keeps its blocks until we release them."""
+        st = self._reqs.get(req_id)
+        if st is None:
+            return False
+        st.finished = True
+        if st.load is not None:  # aborted before its load was even sent
+            self.cpu.complete_load(st.load.slots, ok=True)
+            st.load = None
+            self._to_load = [r for r in self._to_load if r != req_id]
+        if st.store_jobs:
+            self._release.append(req_id)
+            return True
+        if st.load_job is not None:
+            return True  # the worker's finished_recving frees the blocks
+        self._maybe_forget(st)
+        return False
+
+    def has_jobs(self) -> bool:
+        return bool(self._jobs) or bool(self._to_load) or bool(self._release)
+
+    def has_pending_frees(self) -> bool:
+        return any(st.finished and st.busy for st in self._reqs.values())
+
+    def _maybe_forget(self, st: ReqState) -> None:
+        if st.finished and not st.busy:
+            del self._reqs[st.req_id]

@@ -1,0 +1,32 @@
+"""The two objects vLLM carries between MiniFlex's halves, wrapping frozen plans/results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+from miniflex.plan import JobResult, TransferPlan
+
+__all__ = ["MiniFlexMetadata", "MiniFlexWorkerMeta"]
+
+
+@dataclass(frozen=True)
+class MiniFlexMetadata(KVConnectorMetadata):
+    """Scheduler -> workers, once per engine step."""
+
+    plan: TransferPlan
+
+
+@dataclass(frozen=True)
+class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: jobs finished since the last step (one entry per rank)."""
+
+    results: tuple[JobResult, ...]
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, MiniFlexWorkerMeta), type(other)
+        return MiniFlexWorkerMeta(self.results + other.results)

@@ -1,0 +1,43 @@
+"""Scheduler-side state of one vLLM request, as MiniFlex tracks it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from miniflex.plan import JobId
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+
+__all__ = ["PendingLoad", "ReqState"]
+
+
+@dataclass
+class PendingLoad:
+    """A load decided in ``update_state_after_alloc``, sent with the next plan."""
+
+    first_token: int  # vLLM's own hit: the load starts here
+    num_tokens: int  # tokens MiniFlex promised to vLLM
+    slots: list[SlotId]
+    keys: list[ChunkKey]
+
+
+@dataclass
+class ReqState:
+    """What the scheduler half knows about one request (never crosses processes)."""
+
+    req_id: ReqId
+    keys: list[ChunkKey] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # len(block_hashes) that ``keys`` were built from
+    block_ids: list[BlockId] = field(default_factory=list)
+    num_computed_tokens: int = 0  # vLLM's hit at the last lookup
+    load: PendingLoad | None = None
+    load_job: JobId | None = None
+    stored_chunks: int = 0  # leading chunks already stored, present or skipped
+    store_jobs: set[JobId] = field(default_factory=set)
+    finished: bool = False
+    hit_tokens: int = 0
+    stored_tokens: int = 0
+
+    @property
+    def busy(self) -> bool:
+        """True while MiniFlex still moves bytes of this request's blocks."""
+        return self.load_job is not None or bool(self.store_jobs)

@@ -1,0 +1,36 @@
+"""MiniFlex counters in vLLM's ``KVConnectorStats`` form (logged as "KV Transfer metrics")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+__all__ = ["MiniFlexConnectorStats"]
+
+
+@dataclass
+class MiniFlexConnectorStats(KVConnectorStats):
+    """``data`` is a flat dict of summable counters from ``TransferStats.as_counters``."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in other.data.items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        d: dict[str, Any] = self.data
+        out: dict[str, int | float] = {k: v for k, v in d.items() if not k.endswith("_seconds")}
+        for kind in ("load", "store"):
+            n = d.get(f"{kind}s", 0)
+            secs = d.get(f"{kind}_seconds", 0.0)
+            out[f"{kind}_ms_avg"] = round(1e3 * secs / n, 3) if n else 0.0
+            out[f"{kind}_GBps"] = round(d.get(f"{kind}_bytes", 0) / secs / 1e9, 3) if secs else 0.0
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())

@@ -1,0 +1,96 @@
+"""Chunk keys: 128-bit names of chunks, scoped by a namespace.
+
+A chunk is ``blocks_per_chunk`` consecutive vLLM blocks of one request. Its key
+is derived from vLLM's chained block hash of the chunk's *last* block (which
+already folds in the whole prefix, LoRA and ``cache_salt``) plus the namespace
+digest, so that one model, dtype, layout or TP shard never reads another's KV::
+
+    ns = Namespace(model="m", dtype="bfloat16", layout="LBNHC", num_layers=36,
+                   num_kv_heads=8, head_size=128, block_size=16, blocks_per_chunk=4)
+    keys = chunk_keys_from_block_hashes(ns, request.block_hashes)  # one per full chunk
+
+:func:`chunk_keys_from_tokens` is a plain chained hash over token ids with the
+same properties, so MiniFlex can be used and tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from miniflex.types import ChunkKey
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Namespace",
+    "chunk_key",
+    "chunk_keys_from_block_hashes",
+    "chunk_keys_from_tokens",
+]
+
+FORMAT_VERSION = 1
+"""Bumped whenever the byte layout of a stored chunk changes."""
+
+_KEY_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Everything that must match for two processes to share a chunk's bytes."""
+
+    model: str
+    dtype: str
+    layout: str
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    blocks_per_chunk: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.block_size * self.blocks_per_chunk
+
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """16 bytes that change whenever any field changes."""
+        text = "|".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        return hashlib.blake2b(text.encode(), digest_size=_KEY_BYTES).digest()
+
+
+def chunk_key(ns: Namespace, block_hash: bytes) -> ChunkKey:
+    """The key of the chunk whose last block has vLLM chained hash ``block_hash``."""
+    h = hashlib.blake2b(block_hash, digest_size=_KEY_BYTES, key=ns.digest)
+    return ChunkKey(int.from_bytes(h.digest(), "little"))
+
+
+def chunk_keys_from_block_hashes(ns: Namespace, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
+    """One key per *full* chunk covered by ``block_hashes`` (a trailing partial chunk has none)."""
+    step = ns.blocks_per_chunk
+    return [chunk_key(ns, block_hashes[i]) for i in range(step - 1, len(block_hashes), step)]
+
+
+def chunk_keys_from_tokens(ns: Namespace, token_ids: Sequence[int]) -> list[ChunkKey]:
+    """Chained 128-bit hash of token ids, one key per full chunk of ``ns.chunk_tokens``.
+
+    Key ``i`` depends on every token of chunks ``0..i``, so equal keys mean
+    equal prefixes (up to hash collisions at 2**-128).
+    """
+    n = ns.chunk_tokens
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    keys: list[ChunkKey] = []
+    prev = ns.digest
+    for start in range(0, len(tokens) - n + 1, n):
+        prev = hashlib.blake2b(
+            tokens[start : start + n].tobytes(), digest_size=_KEY_BYTES, key=prev
+        ).digest()
+        keys.append(ChunkKey(int.from_bytes(prev, "little")))
+    return keys

@@ -1,0 +1,87 @@
+"""The whole contract between the scheduler side and the workers: frozen dataclasses.
+
+The scheduler decides *which* chunk goes *where*; a worker only executes. One
+plan drives every TP rank, because every rank has the same slot geometry and
+moves its own shard of each block.
+
+Example: load chunk in CPU slot 7 into vLLM blocks 40..43 of request "r1"::
+
+    TransferJob(job_id=JobId(3), req_id="r1", kind=JobKind.LOAD,
+                chunks=(ChunkMove(slot=SlotId(7), block_ids=(40, 41, 42, 43)),))
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+from miniflex.types import BlockId, ReqId, SlotId
+
+__all__ = ["ChunkMove", "JobId", "JobKind", "JobResult", "TransferJob", "TransferPlan"]
+
+JobId = NewType("JobId", int)
+
+
+class JobKind(enum.Enum):
+    LOAD = "load"  # CPU slot -> vLLM blocks
+    STORE = "store"  # vLLM blocks -> CPU slot
+
+
+@dataclass(frozen=True)
+class ChunkMove:
+    """One chunk: a tier slot and the vLLM blocks it maps to, in token order.
+
+    ``block_ids[i]`` holds block ``first + i`` of the chunk. Stores always move
+    whole chunks (``first == 0``); a load may start inside a chunk (the blocks
+    before ``first`` are already on the GPU) or end early (the prompt's last
+    token is always computed by vLLM).
+    """
+
+    slot: SlotId
+    block_ids: tuple[BlockId, ...]
+    first: int = 0
+
+
+@dataclass(frozen=True)
+class TransferJob:
+    """All chunks of one request moved in one direction in one engine step."""
+
+    job_id: JobId
+    req_id: ReqId
+    kind: JobKind
+    chunks: tuple[ChunkMove, ...]
+    unavailable: tuple[BlockId, ...] = ()
+    """Blocks promised to vLLM whose chunk vanished before the load: reported as load errors."""
+
+    @property
+    def block_ids(self) -> tuple[BlockId, ...]:
+        return tuple(b for c in self.chunks for b in c.block_ids)
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """What the scheduler sends the workers for one step.
+
+    ``release`` lists requests that vLLM has finished and whose blocks MiniFlex
+    holds until their stores complete; a worker reports each of them as
+    finished-sending once it has no store job of theirs left.
+    """
+
+    jobs: tuple[TransferJob, ...] = ()
+    release: tuple[ReqId, ...] = ()
+    preempted: tuple[ReqId, ...] = ()
+    """Requests whose blocks vLLM freed this step: their stores must finish before compute."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A worker's report of one finished job (``ok=False`` means nothing usable was moved)."""
+
+    job_id: JobId
+    req_id: ReqId
+    kind: JobKind
+    ok: bool
+    num_bytes: int = 0
+    seconds: float = 0.0
+    failed_block_ids: tuple[BlockId, ...] = field(default=())

@@ -1,0 +1,5 @@
+"""Scheduler-side tier bookkeeping: slot allocators, indexes and eviction, no bytes."""
+
+from miniflex.tiers.slot_tier import SlotTier, TierUsage
+
+__all__ = ["SlotTier", "TierUsage"]

@@ -1,0 +1,178 @@
+"""Scheduler-side bookkeeping of one tier: which chunk key sits in which slot.
+
+The scheduler owns this metadata and never the bytes. All asynchronous work is
+two-phase, so that a slot is never reused or published while bytes are moving:
+
+* ``prepare_load(keys)`` pins the chunks' slots; ``complete_load(slots, ok)``
+  unpins them (and drops them if ``ok`` is False: a corrupt or unreadable
+  chunk is never served twice).
+* ``prepare_store(keys)`` allocates slots (evicting unpinned chunks) and pins
+  them; the chunks stay invisible to lookups until ``complete_store(.., ok=True)``
+  publishes them. ``ok=False`` frees the slots again.
+
+Example::
+
+    tier = SlotTier(Tier.CPU, num_slots=2)
+    placed = tier.prepare_store([k1, k2])   # [(k1, 0), (k2, 1)], pinned, not visible
+    tier.complete_store(placed, ok=True)    # now tier.match([k1, k2]) == 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from miniflex.index import HashIndex, keys_to_array, make_policy
+from miniflex.types import ChunkKey, SlotId, Tier
+
+__all__ = ["SlotTier", "TierUsage"]
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    tier: Tier
+    num_slots: int
+    resident: int
+    pinned_or_moving: int
+    free: int
+    evictions: int
+
+
+class SlotTier:
+    """Slot allocator + index + eviction policy for one tier (CPU pool or SSD file)."""
+
+    def __init__(self, tier: Tier, num_slots: int, policy: str = "lru") -> None:
+        assert num_slots > 0, "a tier needs at least one slot"
+        self.tier = tier
+        self.num_slots = num_slots
+        self._index = HashIndex(max_entries=num_slots)
+        self._policy = make_policy(policy, num_slots)
+        self._free: list[SlotId] = [SlotId(s) for s in range(num_slots - 1, -1, -1)]
+        self._slot_key: list[ChunkKey | None] = [None] * num_slots
+        self._storing: dict[ChunkKey, SlotId] = {}
+        self._doomed: set[SlotId] = set()  # dropped while pinned; freed at last unpin
+        self.evictions = 0
+
+    # ---- lookups (side-effect free) ----
+    def match(self, keys: Sequence[ChunkKey] | np.ndarray) -> int:
+        """Number of leading ``keys`` resident and readable in this tier (one compiled call)."""
+        arr = keys if isinstance(keys, np.ndarray) else keys_to_array(keys)
+        return self._index.prefix_match(arr)
+
+    def slot_of(self, key: ChunkKey) -> SlotId | None:
+        hit = self._index.lookup(key)
+        return None if hit is None else hit[1]
+
+    def is_storing(self, key: ChunkKey) -> bool:
+        return key in self._storing
+
+    def __contains__(self, key: ChunkKey) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # ---- loads ----
+    def prepare_load(self, keys: Sequence[ChunkKey]) -> list[SlotId]:
+        """Pin and return the slots of the leading resident ``keys`` (may be shorter)."""
+        slots: list[SlotId] = []
+        for key in keys:
+            slot = self.slot_of(key)
+            if slot is None:
+                break
+            self._policy.pin(slot)
+            slots.append(slot)
+        return slots
+
+    def complete_load(self, slots: Sequence[SlotId], ok: bool) -> None:
+        """Unpin after a load; ``ok=False`` drops the chunks (never served again)."""
+        for slot in slots:
+            if not ok:
+                self._unpublish(slot)
+            self._unpin(slot)
+
+    # ---- stores ----
+    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
+        """Allocate and pin slots for the ``keys`` not already resident or being stored.
+
+        Resident keys are touched first so that making room never evicts the
+        prefix being extended. Stops early (returns fewer placements) when no
+        slot can be freed because everything left is pinned.
+        """
+        for key in keys:
+            slot = self.slot_of(key)
+            if slot is not None:
+                self._policy.touch(slot)
+        placed: list[tuple[ChunkKey, SlotId]] = []
+        for key in keys:
+            if key in self._index or key in self._storing:
+                continue
+            slot = self._allocate()
+            if slot is None:
+                break
+            self._storing[key] = slot
+            self._slot_key[slot] = key
+            self._policy.touch(slot)
+            self._policy.pin(slot)
+            placed.append((key, slot))
+        return placed
+
+    def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
+        """Publish the stored chunks (``ok``) or give their slots back."""
+        for key, slot in placed:
+            assert self._storing.get(key) == slot, f"store of {key:x} to {slot} was not prepared"
+            del self._storing[key]
+            if ok:
+                self._index.insert(key, self.tier, slot)
+            else:
+                self._doomed.add(slot)
+            self._unpin(slot)
+
+    # ---- maintenance ----
+    def drop(self, key: ChunkKey) -> bool:
+        """Forget a resident chunk (e.g. found corrupt); its slot is freed once unpinned."""
+        slot = self.slot_of(key)
+        if slot is None:
+            return False
+        self._unpublish(slot)
+        if not self._policy.is_pinned(slot):
+            self._release(slot)
+        return True
+
+    def usage(self) -> TierUsage:
+        pinned = sum(1 for s in range(self.num_slots) if self._policy.is_pinned(SlotId(s)))
+        return TierUsage(
+            self.tier, self.num_slots, len(self._index), pinned, len(self._free), self.evictions
+        )
+
+    def _allocate(self) -> SlotId | None:
+        if self._free:
+            return self._free.pop()
+        victim = self._policy.evict()
+        if victim is None:
+            return None
+        key = self._slot_key[victim]
+        assert key is not None and key not in self._storing
+        self._index.delete(key)
+        self._slot_key[victim] = None
+        self.evictions += 1
+        return victim
+
+    def _unpublish(self, slot: SlotId) -> None:
+        key = self._slot_key[slot]
+        if key is not None:
+            self._index.delete(key)
+        self._doomed.add(slot)
+
+    def _unpin(self, slot: SlotId) -> None:
+        self._policy.unpin(slot)
+        if slot in self._doomed and not self._policy.is_pinned(slot):
+            self._release(slot)
+
+    def _release(self, slot: SlotId) -> None:
+        self._doomed.discard(slot)
+        self._policy.remove(slot)
+        self._slot_key[slot] = None
+        self._free.append(slot)

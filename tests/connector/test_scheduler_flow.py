@@ -1,0 +1,130 @@
+"""MiniFlex inside vLLM's real Scheduler: async loads, aborts, preemption, delayed frees."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import RequestStatus
+
+from tests.connector.harness import BLOCK, Harness, make_harness
+
+CHUNK = 2 * BLOCK
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Harness:
+    return make_harness(tmp_path / "model")
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+
+
+def pinned(h: Harness) -> int:
+    return h.manager_side.manager.cpu.usage().pinned_or_moving
+
+
+def test_async_load_restores_exact_bytes_then_computes_the_rest(h: Harness) -> None:
+    prompt = tokens(1, 5 * CHUNK + 10)
+    h.add("a", prompt)
+    h.run()
+    h.sched.reset_prefix_cache()
+    total = h.free_blocks()
+
+    b = h.add("b", prompt, max_tokens=2)
+    so = h.step(wait_transfers=False)
+    assert so.num_scheduled_tokens == {}  # nothing to compute while KV is loading
+    assert h.status("b") == RequestStatus.WAITING_FOR_REMOTE_KVS
+    h.worker.handler.drain()
+    h.step()  # the load's completion reaches the scheduler
+    so = h.step()  # b is scheduled with the loaded prefix as computed
+    assert {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs} == {"b": 5 * CHUNK}
+    assert h.loaded_blocks_match(b, 5 * CHUNK // BLOCK)
+    h.run()
+    assert pinned(h) == 0 and h.free_blocks() == total
+
+
+def test_lookup_is_side_effect_free_and_capped_below_the_prompt(h: Harness) -> None:
+    prompt = tokens(2, 4 * CHUNK)  # a whole number of chunks
+    h.add("a", prompt)
+    h.run()
+    h.sched.reset_prefix_cache()
+    conn = h.manager_side
+    b = h.add("b", prompt)
+    first = conn.get_num_new_matched_tokens(b, 0)
+    assert first == conn.get_num_new_matched_tokens(b, 0)  # repeatable, nothing pinned
+    assert pinned(h) == 0
+    assert first == (4 * CHUNK - BLOCK, True)  # the last token is always computed
+    h.step()  # the load runs and completes; b is not computed yet
+    assert h.loaded_blocks_match(b, 4 * CHUNK // BLOCK - 1)
+    h.run()
+
+
+def test_abort_while_waiting_for_load_releases_pins_and_blocks(h: Harness) -> None:
+    prompt = tokens(3, 4 * CHUNK + 5)
+    h.add("a", prompt)
+    h.run()
+    h.sched.reset_prefix_cache()
+    total = h.free_blocks()
+    h.mover.gate.clear()  # the load will hang mid-flight
+    h.add("b", prompt)
+    h.step(wait_transfers=False)
+    assert pinned(h) == 4
+    h.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    h.step(wait_transfers=False)
+    assert not h.finished_and_freed("b")  # blocks stay until the load lets go of them
+    h.mover.gate.set()
+    h.run()
+    assert h.finished_and_freed("b") and pinned(h) == 0 and h.free_blocks() == total
+
+
+def test_request_finishing_with_save_in_flight_keeps_blocks_until_saved(h: Harness) -> None:
+    prompt = tokens(4, 3 * CHUNK + 3)
+    total = h.free_blocks()
+    h.mover.gate.clear()
+    h.add("a", prompt, max_tokens=1)
+    h.step(wait_transfers=False)  # prefill + sample: finished, its stores still queued
+    assert h.status("a") == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert not h.finished_and_freed("a") and h.free_blocks() < total
+    assert h.manager_side.has_pending_block_frees()
+    h.step(wait_transfers=False)
+    assert not h.finished_and_freed("a")
+    h.mover.gate.set()
+    h.run()
+    assert h.finished_and_freed("a") and h.free_blocks() == total
+    b = h.add("b", prompt)
+    assert h.manager_side.get_num_new_matched_tokens(b, 0)[0] == 3 * CHUNK
+
+
+def test_preempted_request_stores_finish_before_its_blocks_are_reused(tmp_path: Path) -> None:
+    """Stores hang until a preemption frees their blocks; the worker must wait for them."""
+    h = make_harness(tmp_path / "model", num_blocks=12, max_batched=64)
+    total = h.free_blocks()
+    a = h.add("a", tokens(5, 4 * BLOCK), max_tokens=5 * BLOCK)
+    b = h.add("b", tokens(6, 4 * BLOCK), max_tokens=5 * BLOCK)
+    h.mover.gate.clear()
+    seen: list[tuple[str, bool]] = []
+
+    def around_preemption(so: SchedulerOutput) -> None:
+        gone = set(so.preempted_req_ids or ())
+        if not gone:
+            return
+        pending = {r for r in gone if h.worker.handler.in_flight(r)}
+        if h.mover.gate.is_set():  # second call: after handle_preemptions returned
+            seen.extend((r, h.worker.handler.in_flight(r) > 0) for r in gone)
+            h.mover.gate.clear()
+        elif pending:  # first call: stores of the preempted request are stuck in flight
+            threading.Timer(0.3, h.mover.gate.set).start()
+
+    for _ in range(400):
+        h.step(wait_transfers=False, on_schedule=around_preemption)
+        if seen or not h.sched.requests:
+            break
+    h.mover.gate.set()
+    h.run()
+    assert seen and all(not still_pending for _, still_pending in seen)
+    assert a.status == b.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert pinned(h) == 0 and h.free_blocks() == total

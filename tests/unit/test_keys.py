@@ -1,0 +1,68 @@
+"""Chunk keys: prefix chaining, chunk boundaries and namespace isolation."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from miniflex.keys import Namespace, chunk_keys_from_block_hashes, chunk_keys_from_tokens
+
+NS = Namespace(
+    model="tiny",
+    dtype="float16",
+    layout="LBNHC",
+    num_layers=2,
+    num_kv_heads=2,
+    head_size=64,
+    block_size=32,
+    blocks_per_chunk=2,
+)
+
+
+def test_one_key_per_full_chunk_only() -> None:
+    assert len(chunk_keys_from_tokens(NS, list(range(64 * 3 + 10)))) == 3
+    assert chunk_keys_from_tokens(NS, list(range(63))) == []
+
+
+def test_keys_are_128_bit_and_chain_over_the_prefix() -> None:
+    a = chunk_keys_from_tokens(NS, list(range(256)))
+    b = chunk_keys_from_tokens(NS, [*range(64), 999, *range(65, 256)])
+    assert all(0 <= k < 2**128 for k in a)
+    assert a[0] == b[0]
+    # one changed token changes every later key
+    assert all(x != y for x, y in zip(a[1:], b[1:], strict=True))
+
+
+def test_shared_prefix_gives_shared_leading_keys() -> None:
+    prefix = list(range(128))
+    a = chunk_keys_from_tokens(NS, [*prefix, *range(1000, 1128)])
+    b = chunk_keys_from_tokens(NS, [*prefix, *range(2000, 2128)])
+    assert a[:2] == b[:2] and a[2:] != b[2:]
+
+
+def test_every_namespace_field_changes_the_keys() -> None:
+    tokens = list(range(128))
+    base = chunk_keys_from_tokens(NS, tokens)
+    changes = {
+        "model": "other",
+        "dtype": "bfloat16",
+        "layout": "LBHNC",
+        "num_layers": 3,
+        "num_kv_heads": 4,
+        "head_size": 128,
+        "tp_rank": 1,
+        "tp_size": 2,
+        "format_version": 2,
+    }
+    for field, value in changes.items():
+        other = dataclasses.replace(NS, **{field: value})
+        assert chunk_keys_from_tokens(other, tokens) != base, field
+
+
+def test_block_hash_keys_take_each_chunks_last_block() -> None:
+    hashes = [hashlib.sha256(bytes([i])).digest() for i in range(5)]
+    keys = chunk_keys_from_block_hashes(NS, hashes)
+    assert len(keys) == 2  # blocks 0-1 and 2-3; block 4 is a partial chunk
+    assert keys == chunk_keys_from_block_hashes(NS, [b"x", hashes[1], b"y", hashes[3]])
+    other_ns = dataclasses.replace(NS, model="other")
+    assert chunk_keys_from_block_hashes(other_ns, hashes) != keys

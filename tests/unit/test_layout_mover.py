@@ -1,0 +1,134 @@
+"""KV layouts and the torch mover: bytes round-trip exactly through the CPU pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miniflex.errors import TransferError
+from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.layout import KVLayout, layout_from_tensors
+from miniflex.plan import ChunkMove
+from miniflex.pool import HostPool
+from miniflex.types import BlockId, SlotId
+
+BLOCKS, HEADS, BLOCK, HEAD = 24, 2, 32, 16
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPES.append(torch.float8_e4m3fn)
+
+
+def make_cache(
+    order: str, dtype: torch.dtype, layers: int, pad: int = 0
+) -> dict[str, torch.Tensor]:
+    """Per-layer logical [B, H, N, 2D] views over one buffer, like vLLM allocates them.
+
+    ``pad`` extra elements per block model a padded page; the layers share one
+    buffer interleaved block-first (B, L, ...), so the block stride spans all
+    layers, the hardest case for stride arithmetic.
+    """
+    page = HEADS * BLOCK * 2 * HEAD
+    raw = torch.randint(
+        0, 256, (BLOCKS * layers * (page + pad) * dtype.itemsize,), dtype=torch.uint8
+    )
+    flat = raw.view(dtype)
+    caches = {}
+    for layer in range(layers):
+        if order == "LBNHC":  # memory [B][N][H][C]
+            shape = (BLOCKS, HEADS, BLOCK, 2 * HEAD)
+            stride = (layers * (page + pad), 2 * HEAD, HEADS * 2 * HEAD, 1)
+        else:  # LBHNC, memory [B][H][N][C]
+            shape = (BLOCKS, HEADS, BLOCK, 2 * HEAD)
+            stride = (layers * (page + pad), BLOCK * 2 * HEAD, 2 * HEAD, 1)
+        caches[f"model.layers.{layer}.self_attn"] = torch.as_strided(
+            flat, shape, stride, storage_offset=layer * (page + pad)
+        )
+    return caches
+
+
+def page_bytes(t: torch.Tensor, block: int, order: str) -> bytes:
+    b = t[block]
+    phys = b.permute(1, 0, 2) if order == "LBNHC" else b
+    return phys.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("order", ["LBNHC", "LBHNC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pad", [0, 64])
+def test_chunks_round_trip_bit_exact(order: str, dtype: torch.dtype, pad: int) -> None:
+    layers, bpc = 3, 2
+    src = make_cache(order, dtype, layers, pad)
+    layout = layout_from_tensors(src, blocks_per_chunk=bpc)
+    assert layout.order == order and layout.geometry.dtype == str(dtype).removeprefix("torch.")
+    assert layout.geometry.page_bytes == HEADS * BLOCK * 2 * HEAD * dtype.itemsize
+
+    pool = HostPool(num_slots=5, slot_bytes=layout.geometry.slot_bytes)
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.randperm(BLOCKS, generator=gen).tolist()
+    chunks = [
+        ChunkMove(SlotId(s), tuple(BlockId(b) for b in perm[2 * i : 2 * i + 2]))
+        for i, s in enumerate([4, 0, 2])
+    ]
+    assert TorchMover(layout, src, pool).store(chunks) == 3 * layout.geometry.chunk_bytes
+
+    # The slot holds the pages layer-major, exactly as docs/ and layout.py say.
+    g = layout.geometry
+    for c in chunks:
+        slot = pool.slot(c.slot)
+        for layer, t in enumerate(src.values()):
+            for j, block in enumerate(c.block_ids):
+                off = g.chunk_offset(layer, j)
+                assert slot[off : off + g.page_bytes].tobytes() == page_bytes(t, block, order)
+
+    # Load into different blocks of a second cache with another random content.
+    dst = make_cache(order, dtype, layers, pad)
+    targets = [
+        ChunkMove(c.slot, tuple(BlockId(b) for b in perm[-2 * i - 2 : len(perm) - 2 * i]))
+        for i, c in enumerate(chunks)
+    ]
+    untouched = [b for b in range(BLOCKS) if all(b not in t.block_ids for t in targets)]
+    before = {(n, b): page_bytes(t, b, order) for n, t in dst.items() for b in untouched}
+    TorchMover(layout_from_tensors(dst, bpc), dst, pool).load(targets)
+    for (name, t_src), t_dst in zip(src.items(), dst.values(), strict=True):
+        for c, t in zip(chunks, targets, strict=True):
+            for b_src, b_dst in zip(c.block_ids, t.block_ids, strict=True):
+                assert page_bytes(t_dst, b_dst, order) == page_bytes(t_src, b_src, order), name
+    assert before == {(n, b): page_bytes(t, b, order) for n, t in dst.items() for b in untouched}
+    pool.close()
+
+
+def test_unsupported_shapes_and_mixed_layers_are_readable_errors() -> None:
+    with pytest.raises(TransferError, match="num_blocks, kv_heads"):
+        layout_from_tensors({"l0": torch.zeros(2, 4, 8, 16, 8)}, 1)
+    with pytest.raises(TransferError, match="unlike the first"):
+        layout_from_tensors({"a": torch.zeros(4, 2, 32, 8), "b": torch.zeros(4, 2, 32, 16)}, 1)
+    swapped = torch.zeros(2, 32, 4, 8).permute(2, 0, 1, 3)  # heads outermost: not page-contiguous
+    with pytest.raises(TransferError, match="neither"):
+        layout_from_tensors({"a": swapped}, 1)
+    with pytest.raises(TransferError, match="no KV cache"):
+        layout_from_tensors({}, 1)
+
+
+def test_mover_rejects_bad_block_ids() -> None:
+    cache = make_cache("LBNHC", torch.float16, 1)
+    layout: KVLayout = layout_from_tensors(cache, 2)
+    pool = HostPool(2, layout.geometry.slot_bytes)
+    mover = TorchMover(layout, cache, pool)
+    with pytest.raises(TransferError, match=r"covers blocks 1\.\.3 of a 2-block chunk"):
+        mover.store([ChunkMove(SlotId(0), (BlockId(1), BlockId(2)), first=1)])
+    with pytest.raises(TransferError, match=r"outside 0\.\.23"):
+        mover.load([ChunkMove(SlotId(0), (BlockId(1), BlockId(99)))])
+
+
+def test_partial_chunk_load_touches_only_its_blocks() -> None:
+    """A load starting inside a chunk (GPU already has block 0) writes only block 1."""
+    src = make_cache("LBHNC", torch.bfloat16, 2)
+    layout = layout_from_tensors(src, 2)
+    pool = HostPool(1, layout.geometry.slot_bytes)
+    TorchMover(layout, src, pool).store([ChunkMove(SlotId(0), (BlockId(3), BlockId(5)))])
+    dst = make_cache("LBHNC", torch.bfloat16, 2)
+    before = [page_bytes(t, 7, "LBHNC") for t in dst.values()]
+    TorchMover(layout, dst, pool).load([ChunkMove(SlotId(0), (BlockId(8),), first=1)])
+    for t_src, t_dst, old7 in zip(src.values(), dst.values(), before, strict=True):
+        assert page_bytes(t_dst, 8, "LBHNC") == page_bytes(t_src, 5, "LBHNC")
+        assert page_bytes(t_dst, 7, "LBHNC") == old7
