@@ -27,7 +27,10 @@ def format_table(rows: list[Mapping[str, Any]]) -> str:
     columns = list(rows[0])
     cells = [[_cell(row.get(c, "")) for c in columns] for row in rows]
     numeric = [
-        all(isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool) for row in rows)
+        all(
+            isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool)
+            for row in rows
+        )
         for c in columns
     ]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

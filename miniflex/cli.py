@@ -4,34 +4,73 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+
+from miniflex.errors import MiniFlexError
 
 __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from miniflex.demo_core import run_core_demo
+    if args.synthetic:
+        from miniflex.demo_core import run_core_demo
 
-    run_core_demo(prompts=args.prompts, chunks_per_prompt=args.chunks, cpu_slots=args.cpu_slots)
+        run_core_demo(prompts=args.prompts, chunks_per_prompt=args.chunks, cpu_slots=args.cpu_slots)
+        return 0
+    from miniflex.connector.demo import run_demo
+
+    if args.verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+
+    run_demo(prompt_tokens=args.prompt_tokens, json_path=args.json)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from miniflex.connector.serve import serve
+
+    return serve(args.vllm_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="miniflex", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="store and reload chunks through the CPU tier, show hits")
-    demo.add_argument("--prompts", type=int, default=8, help="distinct prompts (default 8)")
-    demo.add_argument("--chunks", type=int, default=16, help="chunks per prompt (default 16)")
-    demo.add_argument("--cpu-slots", type=int, default=64, help="CPU tier slots (default 64)")
+    demo = sub.add_parser(
+        "demo", help="real vLLM with and without MiniFlex on a generated model: TTFT and hits"
+    )
+    demo.add_argument("--prompt-tokens", type=int, default=2048, help="long prompt length")
+    demo.add_argument("--json", help="also write the rows as JSON to this file")
+    demo.add_argument(
+        "--synthetic", action="store_true", help="no vLLM: move chunks through the core only"
+    )
+    demo.add_argument("--prompts", type=int, default=8, help="--synthetic: distinct prompts")
+    demo.add_argument("--chunks", type=int, default=16, help="--synthetic: chunks per prompt")
+    demo.add_argument("--cpu-slots", type=int, default=64, help="--synthetic: CPU tier slots")
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
+    srv = sub.add_parser(
+        "serve",
+        help="vllm serve with MiniFlex (reads MODEL, PORT, MINIFLEX_*)",
+        description="Arguments after 'serve' go to vllm serve unchanged.",
+    )
+    srv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vllm serve arguments")
+    srv.set_defaults(func=_serve)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "serve":
+        args.vllm_args = unknown + args.vllm_args  # everything after 'serve' goes to vLLM
+    elif unknown:
+        parser.error("unrecognized arguments: " + " ".join(unknown))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MiniFlexError as exc:
+        print(f"miniflex: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -24,7 +24,14 @@ from typing import Any
 
 from miniflex.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "MiniFlexConfig", "config_table", "parse_size", "total_memory_bytes"]
+__all__ = [
+    "ENV_PREFIX",
+    "MiniFlexConfig",
+    "config_table",
+    "parse_size",
+    "serve_settings",
+    "total_memory_bytes",
+]
 
 ENV_PREFIX = "MINIFLEX_"
 
@@ -234,6 +241,12 @@ def _known(key: str, value: object, shown: str | None = None) -> str:
     if key not in _SPECS:
         raise ConfigError(shown or key, value, "unknown key; valid keys are " + ", ".join(_SPECS))
     return key
+
+
+def serve_settings(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """``(MODEL, PORT)`` for ``miniflex serve``; either may be unset (None)."""
+    env = os.environ if env is None else env
+    return env.get("MODEL") or None, env.get("PORT") or None
 
 
 def config_table() -> str:

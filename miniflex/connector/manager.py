@@ -190,6 +190,7 @@ class MiniFlexManager:
             ChunkMove(slot, tuple(st.block_ids[index[k] * bpc : (index[k] + 1) * bpc]))
             for k, slot in placed
         ]
+        st.stored_tokens += len(placed) * self.ns.chunk_tokens
         job = self._new_job(st, JobKind.STORE, chunks)
         self._jobs[job.job_id] = _Job(job, self.num_workers, placed=placed)
         st.store_jobs.add(job.job_id)
@@ -214,7 +215,6 @@ class MiniFlexManager:
                 self.cpu.complete_store(rec.placed, ok)
                 if st is not None:
                     st.store_jobs.discard(r.job_id)
-                    st.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
                 self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
             else:
                 self.cpu.complete_load(rec.slots, ok)

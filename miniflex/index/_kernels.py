@@ -13,8 +13,8 @@ the first EMPTY bucket, so callers must keep at least one EMPTY bucket (the
 Python wrapper keeps ``FULL + TOMBSTONE <= 0.7 * cap``). Deleting turns a bucket
 into a TOMBSTONE, which lookups skip and inserts reuse.
 
-These functions trust their arguments (dtypes, shapes, ``mask == cap - 1``) and
-use ``-1`` as "not found"; only :mod:`miniflex.index.hashindex` calls them.
+These functions trust their arguments (dtypes, shapes, power-of-two capacity)
+and use ``-1`` as "not found"; only :mod:`miniflex.index.hashindex` calls them.
 """
 
 from __future__ import annotations
@@ -59,23 +59,12 @@ _S31 = np.uint64(31)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
-# Kernels taking a single key get explicit signatures. That makes numba convert
-# the Python-int words to uint64 at the call boundary: without it a word below
-# 2**63 would be typed int64, and numba compares uint64 with int64 via float64,
-# which is lossy. Batch kernels only take arrays and are compiled lazily (so a
-# read-only or otherwise differently-typed key array gets its own
-# specialisation instead of a "no matching definition" error).
-_U64 = numba.types.Array(numba.uint64, 1, "C")
-_U8 = numba.types.Array(numba.uint8, 1, "C")
-_I8 = numba.types.Array(numba.int8, 1, "C")
-_I64 = numba.types.Array(numba.int64, 1, "C")
-_u64 = numba.uint64
-_i64 = numba.int64
-_SIG_FIND = _i64(_U64, _U64, _U8, _u64, _u64)
-_SIG_LOOKUP = numba.types.UniTuple(_i64, 2)(_U64, _U64, _U8, _I8, _I64, _u64, _u64)
-_SIG_INSERT = _i64(_U64, _U64, _U8, _I8, _I64, _u64, _u64, _i64, _i64, numba.boolean)
-_SIG_DELETE = numba.types.Tuple((numba.boolean, _i64))(_U64, _U64, _U8, _u64, _u64)
-_SIG_REHASH = _i64(_U64, _U64, _U8, _I8, _I64, _U64, _U64, _U8, _I8, _I64)
+# Single-key kernels take the two words of the key as int64 holding the bit
+# pattern of the uint64 word (callers map w >= 2**63 to w - 2**64) and cast them
+# back with np.uint64(), a no-op bit cast. Passing Python ints straight through
+# would not work: numba types them as int64 or uint64 depending on the value,
+# its fast dispatch path then fails on uint64-sized values, and comparing a
+# uint64 with an int64 inside a kernel goes through float64 and loses bits.
 
 
 @numba.njit(cache=True, inline="always")
@@ -92,11 +81,11 @@ def _home(khi: np.uint64, klo: np.uint64, mask: np.int64) -> np.int64:
     return np.int64(mix64(khi ^ klo) & np.uint64(mask))
 
 
-@numba.njit([_SIG_FIND], cache=True)
-def find(
+@numba.njit(cache=True)
+def _find(
     hi: np.ndarray, lo: np.ndarray, state: np.ndarray, khi: np.uint64, klo: np.uint64
 ) -> np.int64:
-    """Bucket index holding key ``(khi, klo)``, or -1 if it is absent."""
+    """Bucket index holding key ``(khi, klo)`` (both uint64), or -1 if it is absent."""
     mask = np.int64(state.shape[0] - 1)
     i = _home(khi, klo, mask)
     while True:
@@ -108,32 +97,38 @@ def find(
         i = (i + 1) & mask
 
 
-@numba.njit([_SIG_LOOKUP], cache=True)
+@numba.njit(cache=True)
+def find(hi: np.ndarray, lo: np.ndarray, state: np.ndarray, khi: int, klo: int) -> np.int64:
+    """Bucket index holding key ``(khi, klo)`` (int64 bit patterns), or -1 if it is absent."""
+    return _find(hi, lo, state, np.uint64(khi), np.uint64(klo))
+
+
+@numba.njit(cache=True)
 def lookup(
     hi: np.ndarray,
     lo: np.ndarray,
     state: np.ndarray,
     tier: np.ndarray,
     slot: np.ndarray,
-    khi: np.uint64,
-    klo: np.uint64,
+    khi: int,
+    klo: int,
 ) -> tuple[np.int64, np.int64]:
     """``(tier, slot)`` of key ``(khi, klo)``, or ``(-1, -1)`` if it is absent."""
-    i = find(hi, lo, state, khi, klo)
+    i = _find(hi, lo, state, np.uint64(khi), np.uint64(klo))
     if i < 0:
         return np.int64(-1), np.int64(-1)
     return np.int64(tier[i]), slot[i]
 
 
-@numba.njit([_SIG_INSERT], cache=True)
+@numba.njit(cache=True)
 def insert(
     hi: np.ndarray,
     lo: np.ndarray,
     state: np.ndarray,
     tier: np.ndarray,
     slot: np.ndarray,
-    khi: np.uint64,
-    klo: np.uint64,
+    khi: int,
+    klo: int,
     t: np.int64,
     s: np.int64,
     allow_new: bool,
@@ -144,15 +139,17 @@ def insert(
     if it was added (saying which kind of bucket it took), or REFUSED, leaving
     the table untouched, if it is new and ``allow_new`` is false.
     """
+    uhi = np.uint64(khi)
+    ulo = np.uint64(klo)
     mask = np.int64(state.shape[0] - 1)
-    i = _home(khi, klo, mask)
+    i = _home(uhi, ulo, mask)
     first_tomb = np.int64(-1)
     while True:
         st = state[i]
         if st == EMPTY:
             break
         if st == FULL:
-            if hi[i] == khi and lo[i] == klo:
+            if hi[i] == uhi and lo[i] == ulo:
                 tier[i] = t
                 slot[i] = s
                 return np.int64(UPDATED)
@@ -165,17 +162,17 @@ def insert(
     if first_tomb >= 0:
         i = first_tomb
         code = np.int64(INSERTED_TOMBSTONE)
-    hi[i] = khi
-    lo[i] = klo
+    hi[i] = uhi
+    lo[i] = ulo
     tier[i] = t
     slot[i] = s
     state[i] = FULL
     return code
 
 
-@numba.njit([_SIG_DELETE], cache=True)
+@numba.njit(cache=True)
 def delete(
-    hi: np.ndarray, lo: np.ndarray, state: np.ndarray, khi: np.uint64, klo: np.uint64
+    hi: np.ndarray, lo: np.ndarray, state: np.ndarray, khi: int, klo: int
 ) -> tuple[bool, np.int64]:
     """Remove key ``(khi, klo)``; returns ``(was_present, change_in_tombstone_count)``.
 
@@ -183,7 +180,7 @@ def delete(
     probe sequence passes through it, so it and the run of tombstones right
     before it become EMPTY (the change is then zero or negative).
     """
-    i = find(hi, lo, state, khi, klo)
+    i = _find(hi, lo, state, np.uint64(khi), np.uint64(klo))
     if i < 0:
         return False, np.int64(0)
     mask = np.int64(state.shape[0] - 1)
@@ -200,7 +197,7 @@ def delete(
     return True, -freed
 
 
-@numba.njit([_SIG_REHASH], cache=True)
+@numba.njit(cache=True)
 def rehash_into(
     hi: np.ndarray,
     lo: np.ndarray,
@@ -241,7 +238,7 @@ def prefix_match(hi: np.ndarray, lo: np.ndarray, state: np.ndarray, keys: np.nda
     """Number of leading rows of ``keys`` (``uint64[n, 2]``) present in the table."""
     n = keys.shape[0]
     for k in range(n):
-        if find(hi, lo, state, keys[k, 0], keys[k, 1]) < 0:
+        if _find(hi, lo, state, keys[k, 0], keys[k, 1]) < 0:
             return np.int64(k)
     return np.int64(n)
 
@@ -254,7 +251,7 @@ def contains_many(
     n = keys.shape[0]
     out = np.empty(n, dtype=np.bool_)
     for k in range(n):
-        out[k] = find(hi, lo, state, keys[k, 0], keys[k, 1]) >= 0
+        out[k] = _find(hi, lo, state, keys[k, 0], keys[k, 1]) >= 0
     return out
 
 
@@ -267,7 +264,7 @@ def lookup_many(
     found = np.empty(n, dtype=np.bool_)
     out = np.empty(n, dtype=np.int64)
     for k in range(n):
-        i = find(hi, lo, state, keys[k, 0], keys[k, 1])
+        i = _find(hi, lo, state, keys[k, 0], keys[k, 1])
         if i < 0:
             found[k] = False
             out[k] = -1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -27,7 +28,7 @@ KEY_BITS = 128
 
 _WORD_MASK = (1 << 64) - 1
 _KEY_LIMIT = 1 << KEY_BITS
-_BIG_ENDIAN_U64 = np.dtype(">u8")
+_LITTLE_ENDIAN_U64 = np.dtype("<u8")
 
 
 def _checked_key(key: object, position: int | None = None) -> int:
@@ -70,14 +71,15 @@ def keys_to_array(keys: Sequence[int]) -> np.ndarray:
     """
     n = len(keys)
     try:
-        # Fast path: one C-level to_bytes per key; it rejects negative and
-        # too-large values with OverflowError and non-ints with TypeError.
-        raw = b"".join([int.to_bytes(k, 16, "big") for k in keys])
+        # Fast path: one C-level to_bytes per key, no Python frame per key. It
+        # rejects negative and too-large values (OverflowError) and non-ints
+        # (TypeError, numpy integers included), which the slow path sorts out.
+        raw = b"".join(map(int.to_bytes, keys, repeat(16, n), repeat("little", n)))
     except (OverflowError, TypeError):
-        # Slow path: normalise numpy integers and find the offending key.
-        raw = b"".join([_checked_key(k, i).to_bytes(16, "big") for i, k in enumerate(keys)])
-    words = np.frombuffer(raw, dtype=_BIG_ENDIAN_U64, count=2 * n)
-    return words.astype(np.uint64).reshape(n, 2)
+        raw = b"".join([_checked_key(k, i).to_bytes(16, "little") for i, k in enumerate(keys)])
+    # Each key is 16 little-endian bytes: the lo word, then the hi word.
+    lo_hi = np.frombuffer(raw, dtype=_LITTLE_ENDIAN_U64, count=2 * n).reshape(n, 2)
+    return np.ascontiguousarray(lo_hi[:, ::-1], dtype=np.uint64)
 
 
 def array_to_keys(arr: np.ndarray) -> list[ChunkKey]:
@@ -95,7 +97,9 @@ def array_to_keys(arr: np.ndarray) -> list[ChunkKey]:
     if a.dtype != np.uint64:
         if a.dtype.kind not in "iu":
             raise ValueError(f"key array must hold integers, got dtype {a.dtype}")
-        if a.size and (a.min() < 0 or a.max() > _WORD_MASK):
+        # Integer dtypes other than uint64 are at most 64 bits wide, so only
+        # negative values can fall outside [0, 2**64).
+        if a.dtype.kind == "i" and a.size and a.min() < 0:
             raise ValueError("key array words must be in [0, 2**64)")
         a = a.astype(np.uint64)
     return [ChunkKey((hi << 64) | lo) for hi, lo in a.tolist()]

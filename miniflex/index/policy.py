@@ -10,11 +10,11 @@ numpy arrays indexed by slot (``prev`` / ``next``, with a sentinel at index
 ``num_slots`` acting as head and tail), plus a pin-count array and a residency
 array, so every operation is O(1) and memory is a few bytes per slot.
 
-Implementation note: the list operations are plain Python over
-``memoryview``\\s of those numpy arrays (the arrays stay the storage). Measured
-on CPython 3.11 / numba 0.68, a full ``touch`` costs ~0.57 us this way versus
-~0.9 us as one ``numba.njit`` call (argument unboxing dominates such tiny
-kernels) and ~1.1 us indexing the numpy arrays directly.
+Implementation note: the list operations are plain Python working on
+``memoryview`` objects of those numpy arrays (the arrays stay the storage).
+Measured on CPython 3.11 / numba 0.68, a full ``touch`` costs ~0.57 us this
+way versus ~0.9 us as one ``numba.njit`` call (argument unboxing dominates
+such tiny kernels) and ~1.1 us indexing the numpy arrays directly.
 """
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def evict(self) -> SlotId | None:
-        """Remove and return the victim slot, or None if every resident slot is pinned
-        or nothing is resident."""
+        """Remove and return the victim slot; None if no resident slot is unpinned.
+
+        Always safe to call: with nothing resident, or everything pinned, it
+        returns None and changes nothing.
+        """
 
     @abstractmethod
     def is_pinned(self, slot: SlotId) -> bool:

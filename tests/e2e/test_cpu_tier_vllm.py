@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.engine import CHUNK_TOKENS, close, make_llm, prompt, run
+from miniflex.connector.offline import evict_gpu_prefix_cache
+from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024  # vLLM's own KV cache: three prompts
@@ -33,16 +34,11 @@ def miniflex_llm(tiny_model: Path, pool_file: Path) -> Iterator[Any]:
     close(llm)
 
 
-def expected_hit(n_tokens: int) -> int:
-    """Whole chunks, never the last prompt token (vLLM always computes it)."""
-    return (n_tokens - 1) // CHUNK_TOKENS * CHUNK_TOKENS
-
-
 def test_repeated_prompt_is_served_from_miniflex_with_identical_output(miniflex_llm: Any) -> None:
     tokens = prompt(1, PROMPT_TOKENS)
     cold = run(miniflex_llm, tokens)
     assert cold.miniflex_hit_tokens == 0
-    miniflex_llm.reset_prefix_cache()  # drop vLLM's own copy: the hit must come from MiniFlex
+    evict_gpu_prefix_cache(miniflex_llm)  # drop vLLM's own copy: the hit must come from MiniFlex
     warm = run(miniflex_llm, tokens)
     assert warm.miniflex_hit_tokens == expected_hit(PROMPT_TOKENS)
     assert warm.num_cached_tokens == expected_hit(PROMPT_TOKENS)
@@ -53,11 +49,11 @@ def test_repeated_prompt_is_served_from_miniflex_with_identical_output(miniflex_
 def test_partial_prefix_hit_loads_only_the_shared_prefix(miniflex_llm: Any) -> None:
     shared = prompt(2, 640)
     run(miniflex_llm, [*shared, *prompt(3, 300)])
-    miniflex_llm.reset_prefix_cache()
+    evict_gpu_prefix_cache(miniflex_llm)
     other = [*shared, *prompt(4, 300)]
     hit = run(miniflex_llm, other)
     assert hit.miniflex_hit_tokens == 640
-    miniflex_llm.reset_prefix_cache()
+    evict_gpu_prefix_cache(miniflex_llm)
     recomputed = run(miniflex_llm, other)  # now whole: stored after the partial hit
     assert recomputed.miniflex_hit_tokens == expected_hit(len(other))
     assert recomputed.logprobs == hit.logprobs
@@ -85,7 +81,7 @@ def test_corrupted_pool_bytes_change_the_output(miniflex_llm: Any, pool_file: Pa
     """Proves the KV really comes from MiniFlex's pool: spoil it and the output changes."""
     tokens = prompt(7, PROMPT_TOKENS)
     cold = run(miniflex_llm, tokens)
-    miniflex_llm.reset_prefix_cache()
+    evict_gpu_prefix_cache(miniflex_llm)
     path = Path(f"{pool_file}.0")
     with path.open("r+b") as f:
         size = path.stat().st_size

@@ -45,8 +45,11 @@ def model_prefix(model: dict[int, tuple[Tier, int]], seq: list[int]) -> int:
 
 
 class HashIndexVsDict(RuleBasedStateMachine):
-    """Random inserts, upserts, deletes (many, to force tombstone cleanup and growth)
-    and queries must always agree with a plain dict capped at max_entries."""
+    """HashIndex must always agree with a plain dict capped at max_entries.
+
+    Random inserts, upserts, deletes (many, to force tombstone cleanup and
+    growth) and single/batch queries.
+    """
 
     inserted = Bundle("inserted")
 
@@ -74,7 +77,7 @@ class HashIndexVsDict(RuleBasedStateMachine):
         return True
 
     @rule(target=inserted, key=keys, tier=tiers, slot=slots)
-    def insert_one(self, key: int, tier: Tier, slot: int):
+    def insert_one(self, key: int, tier: Tier, slot: int) -> object:
         return key if self._insert(key, tier, slot) else multiple()
 
     @rule(key=inserted, tier=tiers, slot=slots)
@@ -82,7 +85,7 @@ class HashIndexVsDict(RuleBasedStateMachine):
         self._insert(key, tier, slot)
 
     @rule(target=inserted, batch=st.lists(keys, min_size=1, max_size=40), slot=slots)
-    def insert_burst(self, batch: list[int], slot: int):
+    def insert_burst(self, batch: list[int], slot: int) -> object:
         added = [
             k for i, k in enumerate(batch) if self._insert(k, Tier.SSD, (slot + i) % (1 << 63))
         ]

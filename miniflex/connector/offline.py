@@ -1,0 +1,74 @@
+"""Helpers for running vLLM's offline ``LLM`` with MiniFlex (demo, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+from miniflex.errors import MiniFlexError
+
+__all__ = ["evict_gpu_prefix_cache", "make_llm", "miniflex_hit_tokens", "shutdown_llm"]
+
+CONNECTOR = {
+    "kv_connector": "MiniFlexConnector",
+    "kv_connector_module_path": "miniflex.connector",
+    "kv_role": "kv_both",
+}
+
+
+def make_llm(
+    model: Path,
+    kv_cache_bytes: int,
+    miniflex: dict[str, Any] | None,
+    block_size: int = 32,
+    max_model_len: int = 4096,
+) -> Any:
+    """An ``LLM`` on token-id prompts with a fixed KV cache size; ``miniflex=None``: APC only."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kv = (
+        None
+        if miniflex is None
+        else KVTransferConfig(**CONNECTOR, kv_connector_extra_config=miniflex)
+    )
+    return LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=4,
+        enforce_eager=True,
+        kv_cache_memory_bytes=kv_cache_bytes,
+        kv_transfer_config=kv,
+        seed=0,
+    )
+
+
+def evict_gpu_prefix_cache(llm: Any, timeout_s: float = 30.0) -> None:
+    """Drop vLLM's own prefix cache (the "GPU" copy), so the next hit must come from MiniFlex.
+
+    A request returns to the caller before MiniFlex has finished saving its
+    blocks, and vLLM refuses to reset while those blocks are held; retry
+    until the saves are done.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            raise MiniFlexError(f"vLLM's prefix cache could not be reset within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def miniflex_hit_tokens(output: Any) -> int | None:
+    """Tokens of a finished request that MiniFlex loaded (None: MiniFlex not configured)."""
+    params = (output.kv_transfer_params or {}).get("miniflex")
+    return None if params is None else int(params["hit_tokens"])
+
+
+def shutdown_llm(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()

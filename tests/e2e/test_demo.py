@@ -1,0 +1,46 @@
+"""The README's main job: ``miniflex demo`` runs real vLLM twice and prints the table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.engine import expected_hit
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
+    out_json = tmp_path / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "miniflex.cli",
+            "demo",
+            "--prompt-tokens",
+            "1024",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TTFT ms" in proc.stdout and "CPU-hit tok" in proc.stdout
+    assert "[demo" in proc.stderr  # progress lines
+    rows = {(r["scenario"], r["engine"]): r for r in json.loads(out_json.read_text())}
+    evicted = "same prompt, GPU copy evicted"
+    over = next(s for s, _ in rows if s.endswith("2nd pass"))
+    assert rows[(evicted, "APC only")]["cpu_hit_tokens"] == 0
+    assert rows[(evicted, "APC only")]["gpu_hit_tokens"] == 0
+    hit = expected_hit(1024)  # 992: whole blocks before the last token
+    assert rows[(evicted, "MiniFlex")]["cpu_hit_tokens"] == hit
+    assert rows[(over, "APC only")]["gpu_hit_tokens"] == 0
+    assert rows[(over, "MiniFlex")]["cpu_hit_tokens"] == 6 * hit

@@ -1,0 +1,105 @@
+"""``miniflex serve`` end to end: the OpenAI-compatible server, driven over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.e2e.engine import KV_BYTES_PER_TOKEN, expected_hit, prompt
+
+pytestmark = pytest.mark.e2e
+PROMPT_TOKENS = 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "MODEL": str(tiny_model),
+        "PORT": str(port),
+        "MINIFLEX_CPU_BYTES": "256MiB",
+        "MINIFLEX_BLOCKS_PER_CHUNK": "2",
+    }
+    log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
+    cmd = [
+        sys.executable,
+        "-m",
+        "miniflex.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "bfloat16",
+        "--block-size",
+        "32",
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(3 * 1024 * KV_BYTES_PER_TOKEN),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"server exited with {proc.returncode}; see {log.name}"
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, f"server not healthy after 300 s; see {log.name}"
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def complete(url: str, tokens: list[int]) -> dict:
+    model = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {
+        "model": model,
+        "prompt": tokens,
+        "max_tokens": 4,
+        "temperature": 0,
+        "return_token_ids": True,
+        "detokenize": False,
+    }
+    r = requests.post(url + "/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_prompt_evicted_by_other_traffic_comes_back_from_miniflex(server: str) -> None:
+    first = complete(server, prompt(11, PROMPT_TOKENS))
+    assert first["kv_transfer_params"]["miniflex"]["hit_tokens"] == 0
+    for i in range(5):  # five other prompts push the first out of vLLM's 3-prompt KV cache
+        complete(server, prompt(20 + i, PROMPT_TOKENS))
+    again = complete(server, prompt(11, PROMPT_TOKENS))
+    assert again["kv_transfer_params"]["miniflex"]["hit_tokens"] == expected_hit(PROMPT_TOKENS)
+    assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
