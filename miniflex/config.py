@@ -51,6 +51,7 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+AUTO_CHUNK_TOKENS = 64
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _SIZE_HELP = "expected bytes as an integer or a size such as '512MiB', '8GiB' or '1.5GB'"
 
@@ -71,7 +72,9 @@ def parse_size(key: str, value: object) -> int:
 
 
 def _parse_int(key: str, value: object, lo: int, hi: int) -> int:
-    accepted = f"expected an integer from {lo} to {hi}"
+    accepted = f"expected an integer from {lo} to {hi}" + (
+        " or 'auto'" if key == "blocks_per_chunk" else ""
+    )
     if isinstance(value, bool):
         raise ConfigError(key, value, accepted)
     try:
@@ -81,6 +84,15 @@ def _parse_int(key: str, value: object, lo: int, hi: int) -> int:
     if n is None or not lo <= n <= hi:
         raise ConfigError(key, value, accepted)
     return n
+
+
+def _parse_chunk_blocks(key: str, value: object) -> int | None:
+    if value is None or value == "auto":
+        return None
+    try:
+        return _parse_int(key, value, 1, 1024)
+    except ConfigError:
+        raise ConfigError(key, value, "expected 'auto' or an integer from 1 to 1024") from None
 
 
 def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
@@ -152,11 +164,12 @@ _SPECS: dict[str, _Spec] = {
         "",
     ),
     "blocks_per_chunk": _Spec(
-        lambda k, v: _parse_int(k, v, 1, 1024),
-        4,
-        "vLLM blocks per chunk, the unit of lookup, allocation, eviction and I/O. "
-        "A chunk is `blocks_per_chunk * block_size` tokens.",
-        "4",
+        _parse_chunk_blocks,
+        None,
+        "vLLM blocks per chunk, the unit of lookup, allocation, eviction and I/O; a chunk is "
+        "`blocks_per_chunk * block_size` tokens. `auto`: the fewest blocks that make at least "
+        f"{AUTO_CHUNK_TOKENS} tokens (4 blocks of 16, 2 of 32, 1 of 128).",
+        "auto",
     ),
     "cpu_eviction": _Spec(
         lambda k, v: _parse_choice(k, v, _EVICTION),
@@ -193,7 +206,7 @@ class MiniFlexConfig:
 
     cpu_bytes: int = field(default=_SPECS["cpu_bytes"].default)
     cpu_pool_file: str | None = field(default=_SPECS["cpu_pool_file"].default)
-    blocks_per_chunk: int = field(default=_SPECS["blocks_per_chunk"].default)
+    blocks_per_chunk: int | None = field(default=_SPECS["blocks_per_chunk"].default)
     cpu_eviction: str = field(default=_SPECS["cpu_eviction"].default)
     mover: str = field(default=_SPECS["mover"].default)
     max_inflight_chunks: int = field(default=_SPECS["max_inflight_chunks"].default)
@@ -229,6 +242,12 @@ class MiniFlexConfig:
             if name.startswith(ENV_PREFIX):
                 values[_known(name[len(ENV_PREFIX) :].lower(), value, name)] = value
         return cls(**{k: _SPECS[k].parse(k, v) for k, v in values.items()})
+
+    def chunk_blocks(self, block_size: int) -> int:
+        """``blocks_per_chunk`` resolved for vLLM's block size (``auto`` -> >= 64 tokens)."""
+        if self.blocks_per_chunk is not None:
+            return self.blocks_per_chunk
+        return max(1, -(-AUTO_CHUNK_TOKENS // block_size))
 
     def replace(self, **changes: object) -> MiniFlexConfig:
         """A copy with some fields changed (validated like the original)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from miniflex.connector.manager import ScheduledReq
@@ -69,8 +69,13 @@ def serve_command(model: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
 
 
-def geometry_from_config(kv_cache_config: Any, blocks_per_chunk: int) -> KVGeometry:
-    """KV sizes from vLLM's KVCacheConfig; the scheduler and workers derive the same."""
+def geometry_from_config(
+    kv_cache_config: Any, blocks_per_chunk: Callable[[int], int]
+) -> KVGeometry:
+    """KV sizes from vLLM's KVCacheConfig; the scheduler and workers derive the same.
+
+    ``blocks_per_chunk`` maps vLLM's block size to the chunk length in blocks.
+    """
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         raise ConfigError(
@@ -94,7 +99,7 @@ def geometry_from_config(kv_cache_config: Any, blocks_per_chunk: int) -> KVGeome
         block_size=int(spec.block_size),
         dtype=str(spec.dtype).removeprefix("torch."),
         itemsize=int(spec.dtype.itemsize),
-        blocks_per_chunk=blocks_per_chunk,
+        blocks_per_chunk=blocks_per_chunk(int(spec.block_size)),
     )
 
 

@@ -54,7 +54,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.config = MiniFlexConfig.from_dict(extra)
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
-        geometry = compat.geometry_from_config(kv_cache_config, self.config.blocks_per_chunk)
+        geometry = compat.geometry_from_config(kv_cache_config, self.config.chunk_blocks)
         self.geometry = geometry
         self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
         if self.num_slots < 1:
@@ -101,7 +101,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
         return self._handler
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        layout = self.handler.register(kv_caches, self.num_slots, compat.tp_rank())
+        layout = self.handler.register(
+            kv_caches, self.num_slots, self.geometry.blocks_per_chunk, compat.tp_rank()
+        )
         if layout.geometry != self.geometry or layout.order != self.page_order:
             raise TransferError(
                 f"KV tensors ({layout.order}, {layout.geometry}) differ from what the scheduler "

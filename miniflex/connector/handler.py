@@ -29,6 +29,7 @@ import torch
 
 from miniflex.config import MiniFlexConfig
 from miniflex.errors import ConfigError
+from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.layout import KVLayout, layout_from_tensors
@@ -70,22 +71,30 @@ class MiniFlexHandler:
         self._results: list[JobResult] = []
         self._plan: TransferPlan | None = None
         self._submitted: set[JobKind] = set()
+        self._pinned = False
 
     def register(
-        self, kv_caches: Mapping[str, torch.Tensor], num_slots: int, rank: int = 0
+        self,
+        kv_caches: Mapping[str, torch.Tensor],
+        num_slots: int,
+        blocks_per_chunk: int,
+        rank: int = 0,
     ) -> KVLayout:
-        self.layout = layout_from_tensors(kv_caches, self.config.blocks_per_chunk)
+        self.layout = layout_from_tensors(kv_caches, blocks_per_chunk)
         path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
         self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
         self._mover = make_mover(self.config.mover, self.layout, kv_caches, self._pool)
+        on_cuda = any(t.is_cuda for t in kv_caches.values())
+        self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._thread = threading.Thread(target=self._run, name="miniflex-transfer", daemon=True)
         self._thread.start()
         logger.info(
-            "MiniFlex worker: %s layout, %d CPU slots of %d bytes (%.2f GiB), chunk %d tokens",
+            "MiniFlex worker: %s layout, %d CPU slots of %d bytes (%.2f GiB%s), chunk %d tokens",
             self.layout.name,
             num_slots,
             self._pool.slot_bytes,
             self._pool.nbytes / 2**30,
+            ", pinned" if self._pinned else "",
             self.layout.geometry.chunk_tokens,
         )
         return self.layout
@@ -190,5 +199,7 @@ class MiniFlexHandler:
             self._thread.join(timeout=30)
             self._thread = None
         if self._pool is not None:
+            if self._pinned:
+                pinning.unpin(self._pool.address)
             self._pool.close()
             self._pool = None

@@ -19,8 +19,11 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.requests import PendingLoad, ReqState
+from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_keys_from_block_hashes
 from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, TransferJob, TransferPlan
 from miniflex.stats import TransferStats
@@ -80,7 +83,9 @@ class MiniFlexManager:
         bpc = self.ns.blocks_per_chunk
         if len(block_hashes) // bpc > len(st.keys):
             done = len(st.keys) * bpc
-            st.keys += chunk_keys_from_block_hashes(self.ns, block_hashes[done:])
+            new = chunk_keys_from_block_hashes(self.ns, block_hashes[done:])
+            st.keys += new
+            st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
         return st.keys
 
     # ---- 1. lookup ----
@@ -93,7 +98,7 @@ class MiniFlexManager:
         keys = self._keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
-        hit = self.cpu.match(keys[start:]) if start < len(keys) else 0
+        hit = self.cpu.match(st.key_array[start:]) if start < len(keys) else 0
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         return max(0, end - num_computed)
 

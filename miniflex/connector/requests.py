@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from miniflex.index import keys_to_array
 from miniflex.plan import JobId
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
@@ -26,6 +29,8 @@ class ReqState:
 
     req_id: ReqId
     keys: list[ChunkKey] = field(default_factory=list)
+    key_array: np.ndarray = field(default_factory=lambda: keys_to_array([]))
+    """``keys`` as the (n, 2) uint64 array the index matches in one compiled call."""
     num_hashed_blocks: int = 0  # len(block_hashes) that ``keys`` were built from
     block_ids: list[BlockId] = field(default_factory=list)
     num_computed_tokens: int = 0  # vLLM's hit at the last lookup

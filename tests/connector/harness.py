@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -63,6 +63,7 @@ class Harness:
     kv: dict[str, torch.Tensor]
     mover: GatedMover
     requests: dict[str, Request]
+    kv_stats: list[dict] = field(default_factory=list)
 
     @property
     def manager_side(self) -> MiniFlexConnector:
@@ -112,7 +113,7 @@ class Harness:
             req = self.requests[r]
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([7] if done else [])
-        self.sched.update_from_output(
+        outputs = self.sched.update_from_output(
             so,
             ModelRunnerOutput(
                 req_ids=ids,
@@ -121,7 +122,18 @@ class Harness:
                 kv_connector_output=out,
             ),
         )
+        for eco in outputs.values():  # what vLLM hands its stats loggers
+            stats = eco.scheduler_stats.kv_connector_stats if eco.scheduler_stats else None
+            if stats:
+                self.kv_stats.append(stats)
         return so
+
+    def cached_in_miniflex_only(self, req_id: str, tokens: list[int]) -> int:
+        """Serve a prompt, then drop vLLM's own copy; returns the free block count after."""
+        self.add(req_id, tokens)
+        self.run()
+        assert self.sched.reset_prefix_cache()
+        return self.free_blocks()
 
     def run(self, max_steps: int = 200) -> None:
         """Step until every request is finished and freed."""

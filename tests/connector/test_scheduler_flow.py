@@ -9,7 +9,8 @@ import pytest
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
-from tests.connector.harness import BLOCK, Harness, make_harness
+from miniflex.connector import MiniFlexConnector
+from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
 
 CHUNK = 2 * BLOCK
 
@@ -29,10 +30,7 @@ def pinned(h: Harness) -> int:
 
 def test_async_load_restores_exact_bytes_then_computes_the_rest(h: Harness) -> None:
     prompt = tokens(1, 5 * CHUNK + 10)
-    h.add("a", prompt)
-    h.run()
-    h.sched.reset_prefix_cache()
-    total = h.free_blocks()
+    total = h.cached_in_miniflex_only("a", prompt)
 
     b = h.add("b", prompt, max_tokens=2)
     so = h.step(wait_transfers=False)
@@ -46,12 +44,22 @@ def test_async_load_restores_exact_bytes_then_computes_the_rest(h: Harness) -> N
     h.run()
     assert pinned(h) == 0 and h.free_blocks() == total
 
+    # what vLLM's stats loggers receive, rebuilt and summed as its logging process does
+    stats = MiniFlexConnector.build_kv_connector_stats({})
+    for data in h.kv_stats:
+        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
+    assert stats.data["hit_tokens_cpu"] == 5 * CHUNK
+    assert stats.data["stored_tokens"] == 5 * CHUNK  # a's chunks; b's were already there
+    assert stats.data["loads"] == 1 and stats.data["failed_jobs"] == 0
+    page_bytes = HEADS * BLOCK * 2 * HEAD * 2  # fp16
+    assert stats.data["load_bytes"] == (5 * CHUNK // BLOCK) * LAYERS * page_bytes
+    summary = stats.reduce()
+    assert summary["hit_tokens_cpu"] == 5 * CHUNK and summary["load_ms_avg"] > 0
+
 
 def test_lookup_is_side_effect_free_and_capped_below_the_prompt(h: Harness) -> None:
     prompt = tokens(2, 4 * CHUNK)  # a whole number of chunks
-    h.add("a", prompt)
-    h.run()
-    h.sched.reset_prefix_cache()
+    h.cached_in_miniflex_only("a", prompt)
     conn = h.manager_side
     b = h.add("b", prompt)
     first = conn.get_num_new_matched_tokens(b, 0)
@@ -65,10 +73,7 @@ def test_lookup_is_side_effect_free_and_capped_below_the_prompt(h: Harness) -> N
 
 def test_abort_while_waiting_for_load_releases_pins_and_blocks(h: Harness) -> None:
     prompt = tokens(3, 4 * CHUNK + 5)
-    h.add("a", prompt)
-    h.run()
-    h.sched.reset_prefix_cache()
-    total = h.free_blocks()
+    total = h.cached_in_miniflex_only("a", prompt)
     h.mover.gate.clear()  # the load will hang mid-flight
     h.add("b", prompt)
     h.step(wait_transfers=False)

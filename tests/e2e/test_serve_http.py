@@ -34,7 +34,6 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "MODEL": str(tiny_model),
         "PORT": str(port),
         "MINIFLEX_CPU_BYTES": "256MiB",
-        "MINIFLEX_BLOCKS_PER_CHUNK": "2",
     }
     log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
     cmd = [

@@ -80,6 +80,15 @@ def test_out_of_range_integer_names_the_range() -> None:
     assert "from 1 to 1024" in str(_error({"blocks_per_chunk": "many"}))
 
 
+def test_auto_chunk_length_is_at_least_64_tokens() -> None:
+    auto = MiniFlexConfig.from_dict({}, env={})
+    assert auto.blocks_per_chunk is None
+    assert [auto.chunk_blocks(bs) for bs in (16, 32, 48, 128)] == [4, 2, 2, 1]
+    fixed = MiniFlexConfig.from_dict({"blocks_per_chunk": "3"}, env={})
+    assert fixed.chunk_blocks(16) == 3
+    assert "'auto'" in str(_error({"blocks_per_chunk": 2000}))
+
+
 def test_bad_choice_lists_the_choices() -> None:
     err = _error({"cpu_eviction": "random"})
     assert "'lru'" in str(err) and "'fifo'" in str(err)
