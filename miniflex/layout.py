@@ -23,6 +23,7 @@ so ``chunk_bytes = num_layers * blocks_per_chunk * page_bytes``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -88,8 +89,13 @@ class KVGeometry:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes one chunk occupies in the pool or on SSD (``chunk_bytes`` rounded to 4 KiB)."""
-        return align_up(self.chunk_bytes)
+        """Bytes one chunk occupies in the pool or on SSD.
+
+        ``chunk_bytes`` rounded up to a multiple of both 4 KiB (O_DIRECT) and
+        ``page_bytes``, so that the whole pool is also an array of pages and a
+        copy addresses any page of any slot with one row index.
+        """
+        return align_up(self.chunk_bytes, math.lcm(ALIGN, self.page_bytes))
 
     @property
     def token_bytes(self) -> int:

@@ -21,15 +21,28 @@ from miniflex.pool import HostPool
 __all__ = ["TorchMover", "byte_pages"]
 
 
-def byte_pages(t: torch.Tensor, layout: KVLayout) -> torch.Tensor:
-    """View one layer's ``[B, H, N, C]`` cache as ``[num_blocks, page_bytes]`` uint8."""
+STAGING_BYTES = 16 << 20
+"""Reused buffer between gather and scatter (one per mover; movers run on one thread)."""
+
+_WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def word_dtype(*byte_counts: int) -> tuple[int, torch.dtype]:
+    """The widest integer word dividing every count: torch's gathers move whole elements,
+    and moving 8-byte words instead of bytes makes them about 8x faster."""
+    return next((w, d) for w, d in _WORDS if all(n % w == 0 for n in byte_counts))
+
+
+def byte_pages(t: torch.Tensor, layout: KVLayout, word: int, dtype: torch.dtype) -> torch.Tensor:
+    """View one layer's ``[B, H, N, C]`` cache as ``[num_blocks, page_bytes / word]`` words."""
     u8 = t.view(torch.uint8)
+    assert u8.storage_offset() % word == 0
     return torch.as_strided(
         u8,
         (layout.num_blocks, layout.geometry.page_bytes),
         (layout.block_stride, 1),
         storage_offset=u8.storage_offset(),
-    )
+    ).view(dtype)
 
 
 class TorchMover(KVMover):
@@ -39,18 +52,20 @@ class TorchMover(KVMover):
         g = layout.geometry
         assert pool.slot_bytes >= g.chunk_bytes, "pool slots are smaller than a chunk"
         self.layout = layout
-        self._layers = [byte_pages(t, layout) for t in kv_caches.values()]
-        self._pool = torch.as_strided(
-            torch.from_numpy(pool.array),
-            (pool.num_slots, g.num_layers, g.blocks_per_chunk, g.page_bytes),
-            (pool.slot_bytes, g.blocks_per_chunk * g.page_bytes, g.page_bytes, 1),
-        )
+        offsets = [t.view(torch.uint8).storage_offset() for t in kv_caches.values()]
+        word, dtype = word_dtype(g.page_bytes, layout.block_stride, pool.slot_bytes, *offsets)
+        self._layers = [byte_pages(t, layout, word, dtype) for t in kv_caches.values()]
+        assert pool.slot_bytes % g.page_bytes == 0, "slots must hold whole pages"
+        self._rows_per_slot = pool.slot_bytes // g.page_bytes
+        # The pool as rows of pages: page j of layer l of slot s is row s*rows + l*bpc + j.
+        self._pool_rows = torch.from_numpy(pool.array).view(dtype).view(-1, g.page_bytes // word)
+        staging_rows = max(1, STAGING_BYTES // g.page_bytes)
+        self._staging = torch.empty(staging_rows, g.page_bytes // word, dtype=dtype)
 
-    def _indices(self, chunks: Sequence[ChunkMove]) -> tuple[torch.Tensor, ...]:
-        """Flatten chunks into parallel (slot, block-in-chunk, vLLM block) index tensors."""
+    def _indices(self, chunks: Sequence[ChunkMove]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flatten chunks into parallel (pool row of layer 0, vLLM block) index tensors."""
         bpc = self.layout.geometry.blocks_per_chunk
-        slots: list[int] = []
-        offsets: list[int] = []
+        rows: list[int] = []
         blocks: list[int] = []
         for c in chunks:
             if c.first < 0 or c.first + len(c.block_ids) > bpc:
@@ -58,24 +73,39 @@ class TorchMover(KVMover):
                     f"chunk for slot {c.slot} covers blocks {c.first}..{c.first + len(c.block_ids)}"
                     f" of a {bpc}-block chunk"
                 )
-            slots += [c.slot] * len(c.block_ids)
-            offsets += range(c.first, c.first + len(c.block_ids))
+            base = c.slot * self._rows_per_slot
+            rows += range(base + c.first, base + c.first + len(c.block_ids))
             blocks += c.block_ids
         if blocks and not 0 <= min(blocks) <= max(blocks) < self.layout.num_blocks:
             raise TransferError(
                 f"block ids {min(blocks)}..{max(blocks)} outside 0..{self.layout.num_blocks - 1}"
             )
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-        return as_t(slots), as_t(offsets), as_t(blocks)
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(blocks, dtype=torch.long)
+
+    # index_select into a fresh tensor costs page faults on every call (~2 GB/s);
+    # into a reused staging buffer it runs near memcpy speed.
+    def _staged(self, n: int) -> list[tuple[slice, torch.Tensor]]:
+        """Batches of at most ``len(staging)`` rows, each with its staging view."""
+        step = self._staging.shape[0]
+        return [
+            (slice(i, min(i + step, n)), self._staging[: min(step, n - i)])
+            for i in range(0, n, step)
+        ]
 
     def store(self, chunks: Sequence[ChunkMove]) -> int:
-        slots, offsets, blocks = self._indices(chunks)
+        rows, blocks = self._indices(chunks)
+        bpc = self.layout.geometry.blocks_per_chunk
         for layer, pages in enumerate(self._layers):
-            self._pool[slots, layer, offsets] = pages.index_select(0, blocks)
+            for part, stage in self._staged(len(blocks)):
+                torch.index_select(pages, 0, blocks[part], out=stage)
+                self._pool_rows.index_copy_(0, rows[part] + layer * bpc, stage)
         return len(blocks) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
 
     def load(self, chunks: Sequence[ChunkMove]) -> int:
-        slots, offsets, blocks = self._indices(chunks)
+        rows, blocks = self._indices(chunks)
+        bpc = self.layout.geometry.blocks_per_chunk
         for layer, pages in enumerate(self._layers):
-            pages.index_copy_(0, blocks, self._pool[slots, layer, offsets])
+            for part, stage in self._staged(len(blocks)):
+                torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=stage)
+                pages.index_copy_(0, blocks[part], stage)
         return len(blocks) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes

@@ -132,3 +132,23 @@ def test_partial_chunk_load_touches_only_its_blocks() -> None:
     for t_src, t_dst, old7 in zip(src.values(), dst.values(), before, strict=True):
         assert page_bytes(t_dst, 8, "LBHNC") == page_bytes(t_src, 5, "LBHNC")
         assert page_bytes(t_dst, 7, "LBHNC") == old7
+
+
+def test_jobs_larger_than_the_staging_buffer_move_in_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from miniflex.gpu import cpu_mover
+
+    src = make_cache("LBNHC", torch.float16, 2)
+    layout = layout_from_tensors(src, 2)
+    monkeypatch.setattr(cpu_mover, "STAGING_BYTES", 3 * layout.geometry.page_bytes)
+    pool = HostPool(6, layout.geometry.slot_bytes)
+    chunks = [
+        ChunkMove(SlotId(s), (BlockId(2 * s + 1), BlockId(2 * s))) for s in range(6)
+    ]  # 12 pages per layer: four batches of three
+    TorchMover(layout, src, pool).store(chunks)
+    dst = make_cache("LBNHC", torch.float16, 2)
+    TorchMover(layout, dst, pool).load(chunks)
+    for t_src, t_dst in zip(src.values(), dst.values(), strict=True):
+        for b in range(12):
+            assert page_bytes(t_dst, b, "LBNHC") == page_bytes(t_src, b, "LBNHC")
