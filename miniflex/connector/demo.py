@@ -129,7 +129,13 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
         ("MiniFlex", {"cpu_bytes": "1GiB", "blocks_per_chunk": 2}),
     ):
         _log(f"starting vLLM ({engine}); engine start takes 20-60 s on a small CPU")
-        llm = make_llm(model, kv_tokens * KV_BYTES_PER_TOKEN, mf, BLOCK_SIZE, 2 * prompt_tokens)
+        llm = make_llm(
+            model,
+            mf,
+            kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
+            block_size=BLOCK_SIZE,
+            max_model_len=2 * prompt_tokens,
+        )
         try:
             rows += _scenarios(llm, engine, prompt_tokens, working_set)
         finally:

@@ -18,14 +18,12 @@ CONNECTOR = {
 }
 
 
-def make_llm(
-    model: Path,
-    kv_cache_bytes: int,
-    miniflex: dict[str, Any] | None,
-    block_size: int = 32,
-    max_model_len: int = 4096,
-) -> Any:
-    """An ``LLM`` on token-id prompts with a fixed KV cache size; ``miniflex=None``: APC only."""
+def make_llm(model: Path | str, miniflex: dict[str, Any] | None, **engine_args: Any) -> Any:
+    """An ``LLM`` for token-id prompts (no tokenizer), eager, bf16; ``miniflex=None``: APC only.
+
+    ``engine_args`` go to ``vllm.LLM`` and override these defaults, e.g.
+    ``kv_cache_memory_bytes`` (CPU) or ``num_gpu_blocks_override`` (GPU).
+    """
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -34,18 +32,15 @@ def make_llm(
         if miniflex is None
         else KVTransferConfig(**CONNECTOR, kv_connector_extra_config=miniflex)
     )
-    return LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        block_size=block_size,
-        max_model_len=max_model_len,
-        max_num_seqs=4,
-        enforce_eager=True,
-        kv_cache_memory_bytes=kv_cache_bytes,
-        kv_transfer_config=kv,
-        seed=0,
-    )
+    args: dict[str, Any] = {
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "max_num_seqs": 4,
+        "enforce_eager": True,
+        "seed": 0,
+        **engine_args,
+    }
+    return LLM(model=str(model), kv_transfer_config=kv, **args)
 
 
 def evict_gpu_prefix_cache(llm: Any, timeout_s: float = 30.0) -> None:

@@ -2,8 +2,12 @@
 
 On vLLM's CPU backend the "GPU" KV cache lives in host memory, so a chunk load
 is a gather from the pool into the paged cache. Each layer is viewed as raw
-bytes ``[num_blocks, page_bytes]`` with vLLM's block stride, so every dtype
+words ``[num_blocks, page_words]`` with vLLM's block stride, so every dtype
 (fp8 included) and both page orders move the same way, bit for bit.
+
+On CUDA the same code works through a device staging buffer and synchronous
+copies on the calling thread's current stream. That is correct but not fast;
+the CuPy kernel and DMA movers are the CUDA path.
 """
 
 from __future__ import annotations
@@ -60,7 +64,16 @@ class TorchMover(KVMover):
         # The pool as rows of pages: page j of layer l of slot s is row s*rows + l*bpc + j.
         self._pool_rows = torch.from_numpy(pool.array).view(dtype).view(-1, g.page_bytes // word)
         staging_rows = max(1, STAGING_BYTES // g.page_bytes)
-        self._staging = torch.empty(staging_rows, g.page_bytes // word, dtype=dtype)
+        device = self._layers[0].device
+        self._device = device
+        self._host_stage = torch.empty(
+            staging_rows, g.page_bytes // word, dtype=dtype, pin_memory=device.type == "cuda"
+        )
+        self._dev_stage = (
+            self._host_stage
+            if device.type == "cpu"
+            else torch.empty(staging_rows, g.page_bytes // word, dtype=dtype, device=device)
+        )
 
     def _indices(self, chunks: Sequence[ChunkMove]) -> tuple[torch.Tensor, torch.Tensor]:
         """Flatten chunks into parallel (pool row of layer 0, vLLM block) index tensors."""
@@ -84,28 +97,35 @@ class TorchMover(KVMover):
 
     # index_select into a fresh tensor costs page faults on every call (~2 GB/s);
     # into a reused staging buffer it runs near memcpy speed.
-    def _staged(self, n: int) -> list[tuple[slice, torch.Tensor]]:
-        """Batches of at most ``len(staging)`` rows, each with its staging view."""
-        step = self._staging.shape[0]
-        return [
-            (slice(i, min(i + step, n)), self._staging[: min(step, n - i)])
-            for i in range(0, n, step)
-        ]
+    def _staged(self, n: int) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+        """Batches of at most one staging buffer of rows: (part, host view, device view)."""
+        step = self._host_stage.shape[0]
+        out = []
+        for i in range(0, n, step):
+            k = min(step, n - i)
+            out.append((slice(i, i + k), self._host_stage[:k], self._dev_stage[:k]))
+        return out
 
     def store(self, chunks: Sequence[ChunkMove]) -> int:
         rows, blocks = self._indices(chunks)
+        blocks = blocks.to(self._device)
         bpc = self.layout.geometry.blocks_per_chunk
         for layer, pages in enumerate(self._layers):
-            for part, stage in self._staged(len(blocks)):
-                torch.index_select(pages, 0, blocks[part], out=stage)
-                self._pool_rows.index_copy_(0, rows[part] + layer * bpc, stage)
-        return len(blocks) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
+            for part, host, dev in self._staged(len(rows)):
+                torch.index_select(pages, 0, blocks[part], out=dev)
+                if dev is not host:
+                    host.copy_(dev)
+                self._pool_rows.index_copy_(0, rows[part] + layer * bpc, host)
+        return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
 
     def load(self, chunks: Sequence[ChunkMove]) -> int:
         rows, blocks = self._indices(chunks)
+        blocks = blocks.to(self._device)
         bpc = self.layout.geometry.blocks_per_chunk
         for layer, pages in enumerate(self._layers):
-            for part, stage in self._staged(len(blocks)):
-                torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=stage)
-                pages.index_copy_(0, blocks[part], stage)
-        return len(blocks) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
+            for part, host, dev in self._staged(len(rows)):
+                torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=host)
+                if dev is not host:
+                    dev.copy_(host)
+                pages.index_copy_(0, blocks[part], dev)
+        return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes

@@ -11,11 +11,11 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 
 from miniflex.errors import TierFullError
-from miniflex.index import _kernels as _k
 from miniflex.index.keys import split_key
 from miniflex.types import ChunkKey, SlotId, Tier
 
@@ -27,6 +27,20 @@ _SIGN_BIT = 1 << 63
 _SIGNED_WORDS = struct.Struct("<qq")  # a key's 16 little-endian bytes as (lo, hi) int64
 _SLOT_LIMIT = 1 << 63
 _U64 = np.dtype(np.uint64)
+
+
+def _kernels() -> ModuleType:
+    """The compiled kernels, imported on first use rather than with this module.
+
+    Importing numba loads llvmlite, whose FFI object answers any attribute
+    lookup; vLLM's worker start-up scans every loaded module's attributes and
+    crashes on it in worker processes forked afterwards. Deferring the import
+    to the first ``HashIndex`` keeps numba out of processes that only import
+    MiniFlex (the vLLM front end, scripts that start ``LLM``).
+    """
+    from miniflex.index import _kernels as kernels
+
+    return kernels
 
 
 def _tier_table() -> tuple[Tier | None, ...]:
@@ -116,6 +130,7 @@ class HashIndex:
     __slots__ = (
         "_cap",
         "_hi",
+        "_k",
         "_live",
         "_lo",
         "_max",
@@ -130,6 +145,7 @@ class HashIndex:
         """Create an empty index holding at most ``max_entries`` (>= 1) keys."""
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+        self._k = _kernels()
         self._max = max_entries
         self._max_cap = _max_capacity(max_entries)
         self._allocate(_MIN_CAPACITY)
@@ -163,7 +179,7 @@ class HashIndex:
         old = (self._hi, self._lo, self._state, self._tier, self._slot)
         live = self._live
         self._allocate(new_cap)
-        moved = _k.rehash_into(*old, self._hi, self._lo, self._state, self._tier, self._slot)
+        moved = self._k.rehash_into(*old, self._hi, self._lo, self._state, self._tier, self._slot)
         assert moved == live, (moved, live)
         self._live = live
         assert needed <= _rehash_limit(new_cap), (needed, new_cap)
@@ -190,23 +206,23 @@ class HashIndex:
         if allow_new:
             self._make_room()
         arrays = (self._hi, self._lo, self._state, self._tier, self._slot)
-        code = _k.insert(*arrays, khi, klo, t, s, allow_new)
-        if code == _k.UPDATED:
+        code = self._k.insert(*arrays, khi, klo, t, s, allow_new)
+        if code == self._k.UPDATED:
             return False
-        if code == _k.REFUSED:
+        if code == self._k.REFUSED:
             raise TierFullError(
                 f"hash index is full: it already holds max_entries={self._max} keys; "
                 "delete or evict one before inserting a new key"
             )
         self._live += 1
-        if code == _k.INSERTED_TOMBSTONE:
+        if code == self._k.INSERTED_TOMBSTONE:
             self._tomb -= 1
         return True
 
     def lookup(self, key: int) -> tuple[Tier, SlotId] | None:
         """``(tier, slot)`` stored for ``key``, or None if it is absent."""
         khi, klo = _words(key)
-        t, s = _k.lookup(self._hi, self._lo, self._state, self._tier, self._slot, khi, klo)
+        t, s = self._k.lookup(self._hi, self._lo, self._state, self._tier, self._slot, khi, klo)
         if t < 0:
             return None
         found_tier = _TIER_BY_VALUE[t]
@@ -216,7 +232,7 @@ class HashIndex:
     def delete(self, key: int) -> bool:
         """Remove ``key``; returns True if it was present (absent keys are a no-op)."""
         khi, klo = _words(key)
-        found, tomb_delta = _k.delete(self._hi, self._lo, self._state, khi, klo)
+        found, tomb_delta = self._k.delete(self._hi, self._lo, self._state, khi, klo)
         if found:
             self._live -= 1
             self._tomb += tomb_delta
@@ -225,7 +241,7 @@ class HashIndex:
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is present (invalid keys raise like :meth:`lookup`)."""
         khi, klo = _words(key)  # type: ignore[arg-type]
-        return _k.find(self._hi, self._lo, self._state, khi, klo) >= 0
+        return self._k.find(self._hi, self._lo, self._state, khi, klo) >= 0
 
     # -------------------------------------------------------------------- batch
 
@@ -237,7 +253,7 @@ class HashIndex:
         One compiled call, no per-key Python work.
         """
         arr = _key_array(keys)
-        return int(_k.prefix_match(self._hi, self._lo, self._state, arr))
+        return int(self._k.prefix_match(self._hi, self._lo, self._state, arr))
 
     def lookup_many(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Look up every row of a ``(n, 2)`` uint64 key array in one compiled call.
@@ -248,12 +264,12 @@ class HashIndex:
             (do not read it) elsewhere.
         """
         arr = _key_array(keys)
-        return _k.lookup_many(self._hi, self._lo, self._state, self._slot, arr)
+        return self._k.lookup_many(self._hi, self._lo, self._state, self._slot, arr)
 
     def contains_many(self, keys: np.ndarray) -> np.ndarray:
         """``bool[n]``: whether each row of a ``(n, 2)`` uint64 key array is present."""
         arr = _key_array(keys)
-        return _k.contains_many(self._hi, self._lo, self._state, arr)
+        return self._k.contains_many(self._hi, self._lo, self._state, arr)
 
     # -------------------------------------------------------------- whole table
 
@@ -267,7 +283,7 @@ class HashIndex:
         Order is unspecified. Changing the index while iterating is allowed and
         does not affect the iteration.
         """
-        full = np.flatnonzero(self._state == _k.FULL)
+        full = np.flatnonzero(self._state == self._k.FULL)
         rows = zip(
             self._hi[full].tolist(),
             self._lo[full].tolist(),

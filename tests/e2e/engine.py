@@ -35,7 +35,13 @@ def prompt(seed: int, n: int) -> list[int]:
 
 def make_llm(model: Path, kv_tokens: int, miniflex: dict[str, Any] | None) -> Any:
     mf = None if miniflex is None else {"blocks_per_chunk": BLOCKS_PER_CHUNK, **miniflex}
-    return offline.make_llm(model, kv_tokens * KV_BYTES_PER_TOKEN, mf, BLOCK_SIZE, 2048)
+    return offline.make_llm(
+        model,
+        mf,
+        kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
+        block_size=BLOCK_SIZE,
+        max_model_len=2048,
+    )
 
 
 def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
