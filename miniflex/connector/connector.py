@@ -202,6 +202,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._requests.pop(req_id, None)
         return delay, params
 
+    def reset_cache(self) -> bool:
+        """``reset_prefix_cache(reset_connector=True)``: forget every chunk in the CPU tier."""
+        dropped = self.manager.cpu.clear()
+        logger.info("MiniFlex cache reset: %d chunks dropped", dropped)
+        return True
+
     def has_pending_block_frees(self) -> bool:
         return self.manager.has_pending_frees()
 

@@ -141,6 +141,20 @@ class SlotTier:
             self._release(slot)
         return True
 
+    def clear(self) -> int:
+        """Drop every resident chunk; chunks being moved are dropped once unpinned.
+
+        Returns how many chunks were dropped. Stores in flight are unaffected
+        and publish when they complete.
+        """
+        dropped = 0
+        for _key, _tier, slot in list(self._index.items()):
+            self._unpublish(slot)
+            if not self._policy.is_pinned(slot):
+                self._release(slot)
+            dropped += 1
+        return dropped
+
     def usage(self) -> TierUsage:
         pinned = sum(1 for s in range(self.num_slots) if self._policy.is_pinned(SlotId(s)))
         return TierUsage(

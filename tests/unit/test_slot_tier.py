@@ -69,6 +69,19 @@ def test_failed_load_drops_the_chunk_after_the_last_reader() -> None:
     assert tier.usage().free == 2
 
 
+def test_clear_drops_everything_and_frees_slots_once_unpinned() -> None:
+    tier = SlotTier(Tier.CPU, 3)
+    tier.complete_store(tier.prepare_store(keys(1, 2)), ok=True)
+    loading = tier.prepare_load(keys(1))
+    storing = tier.prepare_store(keys(3))
+    assert tier.clear() == 2
+    assert tier.match(keys(1)) == 0 and tier.match(keys(2)) == 0
+    assert tier.usage().free == 1  # 2 freed; 1 still read by a load, 3 being stored
+    tier.complete_load(loading, ok=True)
+    tier.complete_store(storing, ok=True)  # a store in flight still publishes
+    assert tier.match(keys(3)) == 1 and tier.usage().free == 2
+
+
 def test_prepare_load_stops_at_first_missing_key() -> None:
     tier = SlotTier(Tier.CPU, 4)
     tier.complete_store(tier.prepare_store(keys(1, 2)), ok=True)
