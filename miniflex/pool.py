@@ -12,6 +12,7 @@ movers, which know whether CUDA is present.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 from pathlib import Path
@@ -39,6 +40,7 @@ class HostPool:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.path = Path(path) if path is not None else None
+        self._lock_fd: int | None = None
         self._mmap: mmap.mmap | None = self._map(num_slots * slot_bytes)
         self.array = np.frombuffer(self._mmap, dtype=np.uint8).reshape(num_slots, slot_bytes)
 
@@ -46,16 +48,25 @@ class HostPool:
         if self.path is None:
             return mmap.mmap(-1, size)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise ConfigError(
                 "cpu_pool_file", str(self.path), f"a writable file path ({exc.strerror})"
             ) from exc
         try:
-            os.ftruncate(fd, size)
-            return mmap.mmap(fd, size, mmap.MAP_SHARED)
-        finally:
+            # The lock lives as long as the fd: a second engine pointed at the same
+            # file is refused instead of overwriting (or truncating) this one's
+            # slots; a file left by a crashed engine is unlocked and reused.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
+            raise ConfigError(
+                "cpu_pool_file", str(self.path), "a file no other running engine uses"
+            ) from None
+        self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED)
 
     @property
     def nbytes(self) -> int:
@@ -78,5 +89,8 @@ class HostPool:
             with contextlib.suppress(BufferError):
                 self._mmap.close()
             self._mmap = None
-            if self.path is not None:
+            if self._lock_fd is not None:
+                assert self.path is not None
                 self.path.unlink(missing_ok=True)
+                os.close(self._lock_fd)
+                self._lock_fd = None

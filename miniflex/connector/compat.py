@@ -7,10 +7,8 @@ Known differences:
 
 * ``KVCacheConfig.kv_cache_layout`` (the resolved physical layout) exists from
   0.30 on; 0.26 exposes it as ``get_kv_cache_layout()`` ("NHD" / "HND").
-* ``SchedulerOutput.preempted_req_ids`` and ``KVConnectorBase_V1.handle_preemptions``
-  exist in 0.32+; without them a preempted request's stores are not waited for
-  before its blocks are reused, so on 0.26 MiniFlex waits at every
-  ``start_load_kv`` for stores of requests it no longer sees scheduled.
+* ``SchedulerOutput.preempted_req_ids`` and ``handle_preemptions`` exist in
+  0.26 and later; older versions are not supported.
 * ``has_pending_block_frees`` exists in 0.32+ (keeps the engine stepping while
   a finished request's stores complete); on 0.26 the release waits for the
   next engine step.
@@ -41,6 +39,7 @@ __all__ = [
     "scheduled_requests",
     "serve_command",
     "share_vllm_logging",
+    "reporting_workers",
     "tp_rank",
     "tp_size",
 ]
@@ -84,9 +83,12 @@ def geometry_from_config(
             "MiniFlex supports models with one uniform attention type (one KV cache group)",
         )
     spec = groups[0].kv_cache_spec
-    for attr in ("num_kv_heads", "head_size", "block_size", "dtype"):
-        if not hasattr(spec, attr):
-            raise ConfigError("kv_cache_spec", type(spec).__name__, "a full-attention KV spec")
+    if type(spec).__name__ != "FullAttentionSpec":
+        # Sliding-window and chunked-local layers free blocks the connector would
+        # still store from; MLA and other specs have other page layouts.
+        raise ConfigError(
+            "kv_cache_spec", type(spec).__name__, "MiniFlex supports full attention only"
+        )
     hash_bs = getattr(kv_cache_config, "hash_block_size", None)
     if hash_bs not in (None, spec.block_size):
         raise ConfigError(
@@ -125,6 +127,18 @@ def tp_size(vllm_config: Any) -> int:
     return int(vllm_config.parallel_config.tensor_parallel_size)
 
 
+def reporting_workers(vllm_config: Any) -> int:
+    """How many workers report each job to this scheduler.
+
+    vLLM aggregates the outputs of ``world_size`` (TP x PP) workers; with the
+    ``external_launcher`` executor each scheduler sees its own worker only.
+    """
+    pc = vllm_config.parallel_config
+    if getattr(pc, "distributed_executor_backend", None) == "external_launcher":
+        return 1
+    return int(getattr(pc, "world_size", pc.tensor_parallel_size))
+
+
 def tp_rank() -> int:
     """This worker's tensor-parallel rank (0 where no TP group was set up)."""
     try:
@@ -145,8 +159,9 @@ def share_vllm_logging() -> None:
         ours.propagate = False
 
 
-def block_hashes(request: Any) -> list[bytes]:
-    return [bytes(h) for h in request.block_hashes]
+def block_hashes(request: Any) -> Sequence[bytes]:
+    """The request's block hashes (bytes in 0.26+), not copied: it is read every step."""
+    return request.block_hashes
 
 
 def request_block_ids(blocks: Any) -> list[BlockId]:

@@ -83,7 +83,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 # A cache miss must never fail a request: recompute what could not be loaded.
                 logger.info("MiniFlex sets kv_load_failure_policy=recompute")
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
-            self._manager = MiniFlexManager(self.config, self.ns, self.num_slots, self.ns.tp_size)
+            self._manager = MiniFlexManager(
+                self.config, self.ns, self.num_slots, compat.reporting_workers(vllm_config)
+            )
             logger.info(
                 "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), namespace %s",
                 self.num_slots,
@@ -133,14 +135,16 @@ class MiniFlexConnector(KVConnectorBase_V1):
         return  # stores are queued once per step in wait_for_save
 
     def wait_for_save(self) -> None:
+        # Stores are planned only for steps that compute, and vLLM calls this after
+        # every forward (with speculative decoding, after the drafter's too).
         if self.has_connector_metadata():
             self.handler.submit(self._plan(), JobKind.STORE)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self.has_connector_metadata():  # 0.26 skips the earlier hooks on empty steps
+        if self.has_connector_metadata():
             plan = self._plan()
-            self.handler.submit(plan, JobKind.LOAD)
-            self.handler.submit(plan, JobKind.STORE)
+            self.handler.submit(plan, JobKind.LOAD)  # 0.26 skips start_load_kv on empty steps
+            self.handler.release_when_saved(plan)
         sending, recving = self.handler.poll()
         return sending or None, recving or None
 

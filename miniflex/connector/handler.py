@@ -61,7 +61,9 @@ class MiniFlexHandler:
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None
-        self._queue: queue.Queue[tuple[TransferJob, Future[JobResult]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[TransferJob, object, Future[JobResult]] | None] = (
+            queue.Queue()
+        )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._done: list[JobResult] = []
@@ -103,21 +105,27 @@ class MiniFlexHandler:
     def submit(self, plan: TransferPlan, kind: JobKind) -> None:
         """Queue the plan's jobs of one kind once; loads before forward, stores after it.
 
-        Idempotent per plan, so a hook that some vLLM versions skip on empty
-        steps can be backed up by a later one.
+        Called on vLLM's thread. Idempotent per plan, so a hook that some vLLM
+        versions skip on empty steps can be backed up by a later one. The
+        mover's fence, taken here, orders the copies after the GPU work vLLM
+        has queued so far (the forward that computed a store's blocks).
         """
+        assert self._mover is not None, "register() first"
         if plan is not self._plan:
             self._plan, self._submitted = plan, set()
         if kind in self._submitted:
             return
         self._submitted.add(kind)
-        for job in plan.jobs:
-            if job.kind is kind:
-                fut: Future[JobResult] = Future()
-                self._pending.setdefault(job.req_id, []).append(fut)
-                self._queue.put((job, fut))
-        if kind is JobKind.STORE:
-            self._release.update(plan.release)
+        jobs = [job for job in plan.jobs if job.kind is kind]
+        fence = self._mover.fence() if jobs else None
+        for job in jobs:
+            fut: Future[JobResult] = Future()
+            self._pending.setdefault(job.req_id, []).append(fut)
+            self._queue.put((job, fence, fut))
+
+    def release_when_saved(self, plan: TransferPlan) -> None:
+        """Report the plan's released requests as finished-sending once their stores are done."""
+        self._release.update(plan.release)
 
     def in_flight(self, req_id: ReqId) -> int:
         """Jobs of this request queued or running (not yet done)."""
@@ -137,19 +145,19 @@ class MiniFlexHandler:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            job, fut = item
-            fut.set_result(self._execute(job))
+            job, fence, fut = item
+            fut.set_result(self._execute(job, fence))
 
-    def _execute(self, job: TransferJob) -> JobResult:
+    def _execute(self, job: TransferJob, fence: object) -> JobResult:
         assert self._mover is not None
         t0 = time.perf_counter()
         try:
             if job.unavailable:
                 raise LookupError(f"{len(job.unavailable)} blocks were evicted before loading")
             moved = (
-                self._mover.load(job.chunks)
+                self._mover.load(job.chunks, after=fence)
                 if job.kind is JobKind.LOAD
-                else self._mover.store(job.chunks)
+                else self._mover.store(job.chunks, after=fence)
             )
         except Exception as exc:  # the worker boundary: report, never crash vLLM
             logger.error(

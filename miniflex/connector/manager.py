@@ -24,7 +24,7 @@ import numpy as np
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.requests import PendingLoad, ReqState
 from miniflex.index import keys_to_array
-from miniflex.keys import Namespace, chunk_keys_from_block_hashes
+from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, TransferJob, TransferPlan
 from miniflex.stats import TransferStats
 from miniflex.tiers import SlotTier
@@ -52,6 +52,7 @@ class _Job:
     pending_reports: int
     placed: list[tuple[ChunkKey, SlotId]] = field(default_factory=list)  # stores
     slots: list[SlotId] = field(default_factory=list)  # loads
+    tokens: int = 0  # loads: tokens served if the load succeeds
     ok: bool = True
 
 
@@ -80,11 +81,27 @@ class MiniFlexManager:
         return st
 
     def _keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
+        """The request's chunk keys, extended (or cut back) to match its block hashes.
+
+        vLLM can rewrite a request's trailing hashes (streaming-input sessions
+        replace the tail of a prompt), so keys whose source hash changed are
+        dropped first. Hashes chain, so the last key that still matches vouches
+        for every key before it; normally that is the first one checked.
+        """
         bpc = self.ns.blocks_per_chunk
-        if len(block_hashes) // bpc > len(st.keys):
-            done = len(st.keys) * bpc
-            new = chunk_keys_from_block_hashes(self.ns, block_hashes[done:])
+        n = min(len(st.keys), len(block_hashes) // bpc)
+        while n and block_hashes[n * bpc - 1] != st.key_sources[n - 1]:
+            n -= 1
+        if n < len(st.keys):
+            del st.keys[n:], st.key_sources[n:]
+            st.key_array = st.key_array[:n]
+            st.stored_chunks = min(st.stored_chunks, n)
+        full = len(block_hashes) // bpc
+        if full > n:
+            sources = [bytes(block_hashes[i * bpc - 1]) for i in range(n + 1, full + 1)]
+            new = [chunk_key(self.ns, h) for h in sources]
             st.keys += new
+            st.key_sources += sources
             st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
         return st.keys
 
@@ -120,6 +137,19 @@ class MiniFlexManager:
         self, scheduled: Iterable[ScheduledReq], preempted: Iterable[ReqId], block_hashes: dict
     ) -> TransferPlan:
         """Everything the workers must do this step. ``block_hashes``: req_id -> hashes."""
+        # Preemptions first: vLLM may preempt and resume a request in one step
+        # (reset_prefix_cache(reset_running_requests=True)); the block table it
+        # got on resumption (on_alloc earlier in this step, or the scheduled
+        # entries below) must win over the preemption.
+        preempted = tuple(preempted)
+        for r in preempted:
+            st = self._reqs.get(r)
+            if st is not None:
+                if st.load is None:
+                    st.block_ids = []
+                # The worker waits for these stores before the next forward; their
+                # results still commit by job id, but no longer hold the request.
+                st.store_jobs.clear()
         jobs = [j for r in self._to_load if (j := self._load_job(r)) is not None]
         self._to_load.clear()
         for s in scheduled:
@@ -132,10 +162,6 @@ class MiniFlexManager:
                 job = self._store_job(st, hashes, s.num_computed_tokens + s.num_scheduled_tokens)
                 if job is not None:
                     jobs.append(job)
-        preempted = tuple(preempted)
-        for r in preempted:
-            if r in self._reqs:
-                self._reqs[r].block_ids = []
         release, self._release = tuple(self._release), []
         return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted)
 
@@ -164,10 +190,9 @@ class MiniFlexManager:
             else:
                 chunks.append(ChunkMove(load.slots[i], (st.block_ids[b],), b % bpc))
         job = self._new_job(st, JobKind.LOAD, chunks, unavailable=tuple(unavailable))
-        self._jobs[job.job_id] = _Job(job, self.num_workers, slots=list(load.slots))
+        tokens = load.num_tokens - len(unavailable) * bs
+        self._jobs[job.job_id] = _Job(job, self.num_workers, slots=list(load.slots), tokens=tokens)
         st.load_job = job.job_id
-        st.hit_tokens += load.num_tokens - len(unavailable) * bs
-        self.stats.hit_tokens[Tier.CPU.name.lower()] += load.num_tokens - len(unavailable) * bs
         return job
 
     def _store_job(
@@ -183,6 +208,7 @@ class MiniFlexManager:
             return None
         if sum(len(j.placed) for j in self._jobs.values()) >= self.config.max_inflight_chunks:
             self.stats.stores_skipped += full - st.stored_chunks
+            st.stored_chunks = full  # skipped for good, not retried (and counted) every step
             return None
         first = st.stored_chunks
         st.stored_chunks = full
@@ -223,8 +249,11 @@ class MiniFlexManager:
                 self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
             else:
                 self.cpu.complete_load(rec.slots, ok)
+                if ok:
+                    self.stats.hit_tokens[Tier.CPU.name.lower()] += rec.tokens
                 if st is not None:
                     st.load_job = None
+                    st.hit_tokens += rec.tokens if ok else 0
             if not ok:
                 self.stats.failed_jobs += 1
             if st is not None:
@@ -240,11 +269,15 @@ class MiniFlexManager:
             self.cpu.complete_load(st.load.slots, ok=True)
             st.load = None
             self._to_load = [r for r in self._to_load if r != req_id]
+        if st.load_job is not None:
+            # vLLM frees the blocks on the load's finished_recving; reporting a
+            # release too would free them twice. Stores only follow computation,
+            # and a preemption detaches them (build_plan), so there are none here.
+            assert not st.store_jobs, f"{req_id} loads and stores at once"
+            return True
         if st.store_jobs:
             self._release.append(req_id)
             return True
-        if st.load_job is not None:
-            return True  # the worker's finished_recving frees the blocks
         self._maybe_forget(st)
         return False
 

@@ -31,7 +31,8 @@ class ReqState:
     keys: list[ChunkKey] = field(default_factory=list)
     key_array: np.ndarray = field(default_factory=lambda: keys_to_array([]))
     """``keys`` as the (n, 2) uint64 array the index matches in one compiled call."""
-    num_hashed_blocks: int = 0  # len(block_hashes) that ``keys`` were built from
+    key_sources: list[bytes] = field(default_factory=list)
+    """vLLM's block hash each key was derived from (the chunk's last block)."""
     block_ids: list[BlockId] = field(default_factory=list)
     num_computed_tokens: int = 0  # vLLM's hit at the last lookup
     load: PendingLoad | None = None

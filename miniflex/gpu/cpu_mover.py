@@ -5,14 +5,16 @@ is a gather from the pool into the paged cache. Each layer is viewed as raw
 words ``[num_blocks, page_words]`` with vLLM's block stride, so every dtype
 (fp8 included) and both page orders move the same way, bit for bit.
 
-On CUDA the same code works through a device staging buffer and synchronous
-copies on the calling thread's current stream. That is correct but not fast;
-the CuPy kernel and DMA movers are the CUDA path.
+On CUDA the same code runs on the mover's own stream, after an event recorded
+on vLLM's stream when the job was queued, through a device staging buffer, and
+returns only when the copy is done. That is correct but not fast; the CuPy
+kernel and DMA movers are the CUDA path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -66,6 +68,7 @@ class TorchMover(KVMover):
         staging_rows = max(1, STAGING_BYTES // g.page_bytes)
         device = self._layers[0].device
         self._device = device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._host_stage = torch.empty(
             staging_rows, g.page_bytes // word, dtype=dtype, pin_memory=device.type == "cuda"
         )
@@ -106,26 +109,47 @@ class TorchMover(KVMover):
             out.append((slice(i, i + k), self._host_stage[:k], self._dev_stage[:k]))
         return out
 
-    def store(self, chunks: Sequence[ChunkMove]) -> int:
+    def fence(self) -> object:
+        if self._stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    @contextlib.contextmanager
+    def _ordered(self, after: object) -> Iterator[None]:
+        """On CUDA: run on the mover's stream after ``after``; return only when done."""
+        if self._stream is None:
+            yield
+            return
+        with torch.cuda.stream(self._stream):
+            if after is not None:
+                self._stream.wait_event(after)  # type: ignore[arg-type]
+            yield
+        self._stream.synchronize()
+
+    def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         rows, blocks = self._indices(chunks)
-        blocks = blocks.to(self._device)
         bpc = self.layout.geometry.blocks_per_chunk
-        for layer, pages in enumerate(self._layers):
-            for part, host, dev in self._staged(len(rows)):
-                torch.index_select(pages, 0, blocks[part], out=dev)
-                if dev is not host:
-                    host.copy_(dev)
-                self._pool_rows.index_copy_(0, rows[part] + layer * bpc, host)
+        with self._ordered(after):
+            blocks = blocks.to(self._device)
+            for layer, pages in enumerate(self._layers):
+                for part, host, dev in self._staged(len(rows)):
+                    torch.index_select(pages, 0, blocks[part], out=dev)
+                    if dev is not host:
+                        host.copy_(dev)
+                    self._pool_rows.index_copy_(0, rows[part] + layer * bpc, host)
         return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
 
-    def load(self, chunks: Sequence[ChunkMove]) -> int:
+    def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         rows, blocks = self._indices(chunks)
-        blocks = blocks.to(self._device)
         bpc = self.layout.geometry.blocks_per_chunk
-        for layer, pages in enumerate(self._layers):
-            for part, host, dev in self._staged(len(rows)):
-                torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=host)
-                if dev is not host:
-                    dev.copy_(host)
-                pages.index_copy_(0, blocks[part], dev)
+        with self._ordered(after):
+            blocks = blocks.to(self._device)
+            for layer, pages in enumerate(self._layers):
+                for part, host, dev in self._staged(len(rows)):
+                    torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=host)
+                    if dev is not host:
+                        dev.copy_(host)
+                    pages.index_copy_(0, blocks[part], dev)
         return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes

@@ -51,7 +51,8 @@ class SlotTier:
         self._policy = make_policy(policy, num_slots)
         self._free: list[SlotId] = [SlotId(s) for s in range(num_slots - 1, -1, -1)]
         self._slot_key: list[ChunkKey | None] = [None] * num_slots
-        self._storing: dict[ChunkKey, SlotId] = {}
+        self._storing: dict[ChunkKey, tuple[SlotId, int]] = {}  # key -> (slot, generation)
+        self._generation = 0  # bumped by clear(): stores started before it never publish
         self._doomed: set[SlotId] = set()  # dropped while pinned; freed at last unpin
         self.evictions = 0
 
@@ -112,7 +113,7 @@ class SlotTier:
             slot = self._allocate()
             if slot is None:
                 break
-            self._storing[key] = slot
+            self._storing[key] = (slot, self._generation)
             self._slot_key[slot] = key
             self._policy.touch(slot)
             self._policy.pin(slot)
@@ -122,9 +123,9 @@ class SlotTier:
     def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
         """Publish the stored chunks (``ok``) or give their slots back."""
         for key, slot in placed:
-            assert self._storing.get(key) == slot, f"store of {key:x} to {slot} was not prepared"
-            del self._storing[key]
-            if ok:
+            started = self._storing.pop(key, None)
+            assert started is not None and started[0] == slot, f"store of {key:x} not prepared"
+            if ok and started[1] == self._generation:
                 self._index.insert(key, self.tier, slot)
             else:
                 self._doomed.add(slot)
@@ -144,9 +145,10 @@ class SlotTier:
     def clear(self) -> int:
         """Drop every resident chunk; chunks being moved are dropped once unpinned.
 
-        Returns how many chunks were dropped. Stores in flight are unaffected
-        and publish when they complete.
+        Returns how many resident chunks were dropped. Stores in flight never
+        publish: their bytes may come from before the reset (e.g. old weights).
         """
+        self._generation += 1
         dropped = 0
         for _key, _tier, slot in list(self._index.items()):
             self._unpublish(slot)
@@ -176,7 +178,7 @@ class SlotTier:
 
     def _unpublish(self, slot: SlotId) -> None:
         key = self._slot_key[slot]
-        if key is not None:
+        if key is not None and self.slot_of(key) == slot:  # not a newer copy elsewhere
             self._index.delete(key)
         self._doomed.add(slot)
 

@@ -40,20 +40,23 @@ BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
 
 
 class GatedMover(KVMover):
-    """Wraps the real mover; ``hold`` makes transfers wait so tests can act mid-flight."""
+    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight."""
 
     def __init__(self, inner: KVMover) -> None:
         self.inner = inner
         self.gate = threading.Event()
         self.gate.set()
 
-    def store(self, chunks: Sequence[ChunkMove]) -> int:
+    def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()
-        return self.inner.store(chunks)
+        return self.inner.store(chunks, after)
 
-    def load(self, chunks: Sequence[ChunkMove]) -> int:
+    def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()
-        return self.inner.load(chunks)
+        return self.inner.load(chunks, after)
+
+    def fence(self) -> object:
+        return self.inner.fence()
 
 
 @dataclass

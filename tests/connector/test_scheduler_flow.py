@@ -10,6 +10,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
 from miniflex.connector import MiniFlexConnector
+from miniflex.types import ReqId
 from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
 
 CHUNK = 2 * BLOCK
@@ -133,3 +134,38 @@ def test_preempted_request_stores_finish_before_its_blocks_are_reused(tmp_path: 
     assert seen and all(not still_pending for _, still_pending in seen)
     assert a.status == b.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert pinned(h) == 0 and h.free_blocks() == total
+
+
+def test_request_preempted_and_resumed_in_one_step_stores_the_right_blocks(
+    tmp_path: Path,
+) -> None:
+    """reset_prefix_cache(reset_running_requests=True) preempts running requests, and the
+    next step resumes them with a new block table; stores must follow the new table."""
+    h = make_harness(tmp_path / "model", max_batched=2 * CHUNK)  # chunked prefill
+    prompt = tokens(8, 6 * CHUNK + 3)
+    h.add("a", prompt)
+    h.step()  # first two chunks computed
+    assert h.sched.reset_prefix_cache(reset_running_requests=True)
+    h.run()
+    h.sched.reset_prefix_cache()
+    b = h.add("b", prompt)
+    h.step()  # the load runs; b is not computed yet
+    assert h.loaded_blocks_match(b, 6 * CHUNK // BLOCK)
+
+
+def test_keys_follow_block_hashes_that_vllm_rewrites(tmp_path: Path) -> None:
+    """Streaming-input sessions replace a prompt's tail hashes: stale keys must go."""
+    h = make_harness(tmp_path / "model")
+    manager = h.manager_side.manager
+    old = [bytes([i]) * 32 for i in range(8)]  # 4 chunks of 2 blocks
+    manager.lookup(ReqId("r"), old, 8 * BLOCK + 1, 0)
+    st = manager.state(ReqId("r"))
+    st.stored_chunks = 4
+    before = list(st.keys)
+    new = [*old[:5], b"x" * 32, b"y" * 32, b"z" * 32]  # blocks 5.. changed: chunks 2, 3
+    manager.lookup(ReqId("r"), new, 8 * BLOCK + 1, 0)
+    assert st.keys[:2] == before[:2] and st.keys[2:] != before[2:] and len(st.keys) == 4
+    assert st.stored_chunks == 2  # chunks 2 and 3 will be stored again, under new keys
+    assert len(st.key_array) == 4
+    manager.lookup(ReqId("r"), new[:3], 3 * BLOCK + 1, 0)  # shrunk below a chunk boundary
+    assert st.keys == before[:1] and st.stored_chunks == 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from miniflex.errors import TransferError
+from miniflex.errors import ConfigError, TransferError
 from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import ChunkMove
@@ -152,3 +154,19 @@ def test_jobs_larger_than_the_staging_buffer_move_in_batches(
     for t_src, t_dst in zip(src.values(), dst.values(), strict=True):
         for b in range(12):
             assert page_bytes(t_dst, b, "LBNHC") == page_bytes(t_src, b, "LBNHC")
+
+
+def test_a_pool_file_is_never_shared_by_two_live_pools(tmp_path: Path) -> None:
+    path = tmp_path / "pool.0"
+    first = HostPool(2, 4096, path)
+    first.slot(SlotId(1))[:4] = [1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="no other running engine"):
+        HostPool(2, 4096, path)
+    assert first.slot(SlotId(1))[:4].tolist() == [1, 2, 3, 4]  # not truncated by the attempt
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    first.close()
+    assert not path.exists()
+    path.write_bytes(b"left behind by a crashed engine")
+    second = HostPool(2, 4096, path)  # unlocked: reused, zeroed and resized
+    assert path.stat().st_size == 2 * 4096 and not second.slot(SlotId(0)).any()
+    second.close()

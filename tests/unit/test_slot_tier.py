@@ -78,8 +78,10 @@ def test_clear_drops_everything_and_frees_slots_once_unpinned() -> None:
     assert tier.match(keys(1)) == 0 and tier.match(keys(2)) == 0
     assert tier.usage().free == 1  # 2 freed; 1 still read by a load, 3 being stored
     tier.complete_load(loading, ok=True)
-    tier.complete_store(storing, ok=True)  # a store in flight still publishes
-    assert tier.match(keys(3)) == 1 and tier.usage().free == 2
+    tier.complete_store(storing, ok=True)  # started before the reset: never published
+    assert tier.match(keys(3)) == 0 and tier.usage().free == 3
+    tier.complete_store(tier.prepare_store(keys(3)), ok=True)  # a new store does
+    assert tier.match(keys(3)) == 1
 
 
 def test_prepare_load_stops_at_first_missing_key() -> None:
