@@ -129,27 +129,27 @@ class TorchMover(KVMover):
         self._stream.synchronize()
 
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
-        rows, blocks = self._indices(chunks)
-        bpc = self.layout.geometry.blocks_per_chunk
-        with self._ordered(after):
-            blocks = blocks.to(self._device)
-            for layer, pages in enumerate(self._layers):
-                for part, host, dev in self._staged(len(rows)):
-                    torch.index_select(pages, 0, blocks[part], out=dev)
-                    if dev is not host:
-                        host.copy_(dev)
-                    self._pool_rows.index_copy_(0, rows[part] + layer * bpc, host)
-        return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
+        return self._move(chunks, after, to_pool=True)
 
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
+        return self._move(chunks, after, to_pool=False)
+
+    def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
         rows, blocks = self._indices(chunks)
         bpc = self.layout.geometry.blocks_per_chunk
         with self._ordered(after):
             blocks = blocks.to(self._device)
             for layer, pages in enumerate(self._layers):
                 for part, host, dev in self._staged(len(rows)):
-                    torch.index_select(self._pool_rows, 0, rows[part] + layer * bpc, out=host)
-                    if dev is not host:
-                        dev.copy_(host)
-                    pages.index_copy_(0, blocks[part], dev)
+                    pool_rows = rows[part] + layer * bpc
+                    if to_pool:  # gather pages -> staging -> scatter into slots
+                        torch.index_select(pages, 0, blocks[part], out=dev)
+                        if dev is not host:
+                            host.copy_(dev)
+                        self._pool_rows.index_copy_(0, pool_rows, host)
+                    else:  # gather from slots -> staging -> scatter into pages
+                        torch.index_select(self._pool_rows, 0, pool_rows, out=host)
+                        if dev is not host:
+                            dev.copy_(host)
+                        pages.index_copy_(0, blocks[part], dev)
         return len(rows) * self.layout.geometry.num_layers * self.layout.geometry.page_bytes
