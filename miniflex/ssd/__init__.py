@@ -7,7 +7,9 @@ package is the only place that imports ``cffi``.
 
 from miniflex.ssd.base import BackendError, BackendUnavailableError, IOBackend, IOOp
 from miniflex.ssd.files import open_direct
+from miniflex.ssd.journal import SlotJournal
 from miniflex.ssd.probe import BACKEND_CHOICES, BACKENDS, make_backend
+from miniflex.ssd.store import SSDStore
 from miniflex.ssd.threads import ThreadBackend
 from miniflex.ssd.uring import UringBackend
 
@@ -18,6 +20,8 @@ __all__ = [
     "BackendUnavailableError",
     "IOBackend",
     "IOOp",
+    "SSDStore",
+    "SlotJournal",
     "ThreadBackend",
     "UringBackend",
     "make_backend",
