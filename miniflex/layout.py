@@ -97,10 +97,6 @@ class KVGeometry:
         """
         return align_up(self.chunk_bytes, math.lcm(ALIGN, self.page_bytes))
 
-    @property
-    def token_bytes(self) -> int:
-        return self.chunk_bytes // self.chunk_tokens
-
     def chunk_offset(self, layer: int, block_in_chunk: int) -> int:
         """Byte offset of a block's page inside a chunk (layer-major)."""
         return (layer * self.blocks_per_chunk + block_in_chunk) * self.page_bytes

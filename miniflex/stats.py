@@ -1,7 +1,7 @@
 """Transfer counters: what MiniFlex hit, stored and moved (no vLLM dependency).
 
 The connector wraps these in vLLM's ``KVConnectorStats`` so that they reach
-vLLM's logging and metrics; ``as_dict`` is the wire and log format.
+vLLM's logging and metrics; ``as_counters`` is the wire and log format.
 """
 
 from __future__ import annotations
@@ -66,18 +66,3 @@ class TransferStats:
         for name in self._SUMMED:
             out[name] = getattr(self, name)
         return out
-
-    def as_dict(self) -> dict[str, float | int | dict[str, int]]:
-        """Flat numbers plus averages, e.g. ``{"hit_tokens": {"cpu": 512}, "load_ms_avg": 1.2}``."""
-        return {
-            "hit_tokens": dict(self.hit_tokens),
-            "stored_tokens": self.stored_tokens,
-            "load_bytes": self.load_bytes,
-            "store_bytes": self.store_bytes,
-            "loads": self.loads,
-            "stores": self.stores,
-            "load_ms_avg": 1e3 * self.load_seconds / self.loads if self.loads else 0.0,
-            "store_ms_avg": 1e3 * self.store_seconds / self.stores if self.stores else 0.0,
-            "failed_jobs": self.failed_jobs,
-            "stores_skipped": self.stores_skipped,
-        }

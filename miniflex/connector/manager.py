@@ -129,7 +129,7 @@ class MiniFlexManager:
         ct = self.ns.chunk_tokens
         first, end = st.num_computed_tokens, st.num_computed_tokens + num_external
         keys = st.keys[first // ct : -(-end // ct)]
-        st.load = PendingLoad(first, num_external, self.cpu.prepare_load(keys), keys)
+        st.load = PendingLoad(first, num_external, self.cpu.prepare_load(keys))
         self._to_load.append(req_id)
 
     # ---- 3. plans ----

@@ -20,7 +20,6 @@ class PendingLoad:
     first_token: int  # vLLM's own hit: the load starts here
     num_tokens: int  # tokens MiniFlex promised to vLLM
     slots: list[SlotId]
-    keys: list[ChunkKey]
 
 
 @dataclass
