@@ -28,6 +28,7 @@ __all__ = [
     "ENV_PREFIX",
     "MiniFlexConfig",
     "config_table",
+    "default_tune_cache",
     "parse_size",
     "serve_settings",
     "total_memory_bytes",
@@ -147,7 +148,32 @@ def _size(default: str, doc: str) -> _Spec:
 
 
 _EVICTION = ("lru", "fifo")
-_MOVERS = ("auto", "cpu")
+_MOVERS = ("auto", "cpu", "kernel", "dma")
+_SSD_IO = ("auto", "io_uring", "threads")
+_SSD_WRITE = ("back", "through")
+
+
+def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
+    """A comma-separated string (or a list) of existing directories; empty: none."""
+    if value is None or value == "":
+        return ()
+    parts = value.split(",") if isinstance(value, str) else value
+    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
+        raise ConfigError(key, value, "expected directories as a list or a comma-separated string")
+    dirs = tuple(p.strip() for p in parts if p.strip())
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise ConfigError(key, value, f"{d!r} is not an existing directory")
+    if len({os.path.realpath(d) for d in dirs}) != len(dirs):
+        raise ConfigError(key, value, "expected distinct directories (one data file each)")
+    return dirs
+
+
+def default_tune_cache(env: Mapping[str, str] | None = None) -> str:
+    """``$XDG_CACHE_HOME/miniflex/tune.json`` (``~/.cache`` when unset)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "miniflex", "tune.json")
 
 _SPECS: dict[str, _Spec] = {
     "cpu_bytes": _size(
@@ -180,9 +206,26 @@ _SPECS: dict[str, _Spec] = {
     "mover": _Spec(
         lambda k, v: _parse_choice(k, v, _MOVERS),
         "auto",
-        "How KV bytes move between vLLM's cache and the CPU pool: "
-        "`cpu` (torch copies, used on vLLM's CPU backend); `auto` picks the best available.",
+        "How KV bytes move between vLLM's cache and the CPU pool: `cpu` (torch copies; the "
+        "only mover on vLLM's CPU backend), `kernel` (CuPy gather/scatter kernel into mapped "
+        "pinned memory), `dma` (batched async memcpy); `auto`: the tuning cache's winner for "
+        "this GPU and layout, else `kernel` on CUDA and `cpu` elsewhere.",
         "auto",
+    ),
+    "kernel_ctas": _Spec(
+        lambda k, v: _parse_int(k, v, 0, 4096),
+        0,
+        "Thread blocks (CTAs) the `kernel` mover launches; few leave the SMs to vLLM's compute. "
+        "0: the tuning cache's value, else the built-in default.",
+        "0",
+    ),
+    "tune_cache": _Spec(
+        lambda k, v: _parse_path(k, v),
+        None,
+        "JSON file where `miniflex tune` stores the fastest mover per GPU, layout and chunk "
+        "size, read at start-up. Empty: `$XDG_CACHE_HOME/miniflex/tune.json` "
+        "(`~/.cache/miniflex/tune.json`).",
+        "",
     ),
     "max_inflight_chunks": _Spec(
         lambda k, v: _parse_int(k, v, 1, 1 << 20),
@@ -196,6 +239,40 @@ _SPECS: dict[str, _Spec] = {
         True,
         "Save newly computed chunks. `false` makes the cache read-only (loads still work).",
         "true",
+    ),
+    "ssd_dirs": _Spec(
+        _parse_dirs,
+        (),
+        "Directories of the SSD tier (comma-separated; one preallocated O_DIRECT data file "
+        "each, slots striped over them; TP rank r uses the subdirectory `rank<r>`). Empty: no "
+        "SSD tier. Chunks found there after a restart with the same model and layout are served.",
+        "",
+    ),
+    "ssd_bytes": _size(
+        "16GiB",
+        "Total size of the SSD tier, split evenly over `ssd_dirs` (per TP rank); checked "
+        "against each file system's free space at start-up.",
+    ),
+    "ssd_write": _Spec(
+        lambda k, v: _parse_choice(k, v, _SSD_WRITE),
+        "back",
+        "`back`: a chunk is written to SSD when the CPU tier evicts it (write-back); "
+        "`through`: every chunk stored on CPU is also written to SSD at once.",
+        "back",
+    ),
+    "ssd_eviction": _Spec(
+        lambda k, v: _parse_choice(k, v, _EVICTION),
+        "lru",
+        "Eviction policy of the SSD tier: " + ", ".join(_EVICTION) + ".",
+        "lru",
+    ),
+    "ssd_io": _Spec(
+        lambda k, v: _parse_choice(k, v, _SSD_IO),
+        "auto",
+        "SSD I/O backend: `io_uring` (raw syscalls through cffi), `threads` "
+        "(`preadv`/`pwritev` thread pool); `auto`: io_uring if a probe succeeds, else threads "
+        "(logged, and shown in stats).",
+        "auto",
     ),
 }
 
@@ -211,6 +288,13 @@ class MiniFlexConfig:
     mover: str = field(default=_SPECS["mover"].default)
     max_inflight_chunks: int = field(default=_SPECS["max_inflight_chunks"].default)
     store: bool = field(default=_SPECS["store"].default)
+    kernel_ctas: int = field(default=_SPECS["kernel_ctas"].default)
+    tune_cache: str | None = field(default=_SPECS["tune_cache"].default)
+    ssd_dirs: tuple[str, ...] = field(default=_SPECS["ssd_dirs"].default)
+    ssd_bytes: int = field(default=_SPECS["ssd_bytes"].default)
+    ssd_write: str = field(default=_SPECS["ssd_write"].default)
+    ssd_eviction: str = field(default=_SPECS["ssd_eviction"].default)
+    ssd_io: str = field(default=_SPECS["ssd_io"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -28,29 +28,17 @@ from concurrent.futures import Future
 import torch
 
 from miniflex.config import MiniFlexConfig
-from miniflex.errors import ConfigError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
-from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.types import BlockId, ReqId
 
-__all__ = ["MOVERS", "MiniFlexHandler", "make_mover"]
+__all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
-
-MOVERS = ("auto", "cpu")
-
-
-def make_mover(
-    name: str, layout: KVLayout, kv_caches: Mapping[str, torch.Tensor], pool: HostPool
-) -> KVMover:
-    """The registry of movers; ``auto`` picks the best one for where the KV cache lives."""
-    if name in ("auto", "cpu"):
-        return TorchMover(layout, kv_caches, pool)
-    raise ConfigError("mover", name, "expected one of " + ", ".join(MOVERS))
 
 
 class MiniFlexHandler:
@@ -85,7 +73,7 @@ class MiniFlexHandler:
         self.layout = layout_from_tensors(kv_caches, blocks_per_chunk)
         path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
         self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
-        self._mover = make_mover(self.config.mover, self.layout, kv_caches, self._pool)
+        self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._thread = threading.Thread(target=self._run, name="miniflex-transfer", daemon=True)

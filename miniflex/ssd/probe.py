@@ -37,7 +37,7 @@ def make_backend(preferred: str = "auto", queue_depth: int = 64) -> IOBackend:
     """
     if preferred not in BACKEND_CHOICES:
         choices = ", ".join(repr(c) for c in BACKEND_CHOICES)
-        raise ConfigError("ssd_io_backend", preferred, f"expected one of {choices}")
+        raise ConfigError("ssd_io", preferred, f"expected one of {choices}")
     if queue_depth < 1:
         raise ConfigError("ssd_queue_depth", queue_depth, "expected an integer >= 1")
     if preferred != "auto":
