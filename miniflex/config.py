@@ -175,6 +175,7 @@ def default_tune_cache(env: Mapping[str, str] | None = None) -> str:
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "miniflex", "tune.json")
 
+
 _SPECS: dict[str, _Spec] = {
     "cpu_bytes": _size(
         "4GiB",
