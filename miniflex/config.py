@@ -29,6 +29,8 @@ __all__ = [
     "MiniFlexConfig",
     "config_table",
     "default_tune_cache",
+    "hash_seed_set",
+    "serve_environment",
     "parse_size",
     "serve_settings",
     "total_memory_bytes",
@@ -345,6 +347,25 @@ def _known(key: str, value: object, shown: str | None = None) -> str:
     if key not in _SPECS:
         raise ConfigError(shown or key, value, "unknown key; valid keys are " + ", ".join(_SPECS))
     return key
+
+
+def hash_seed_set(env: Mapping[str, str] | None = None) -> bool:
+    """True if ``PYTHONHASHSEED`` is set (vLLM then derives its block hashes from it)."""
+    env = os.environ if env is None else env
+    return env.get("PYTHONHASHSEED") is not None
+
+
+def serve_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment ``miniflex serve`` starts vLLM with.
+
+    With an SSD tier configured, ``PYTHONHASHSEED`` defaults to ``0`` so that
+    vLLM's block hashes, and so MiniFlex's chunk keys, are the same after a
+    restart and the chunks on SSD are found again.
+    """
+    out = dict(os.environ if env is None else env)
+    if out.get(ENV_PREFIX + "SSD_DIRS") and not hash_seed_set(out):
+        out["PYTHONHASHSEED"] = "0"
+    return out
 
 
 def serve_settings(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:

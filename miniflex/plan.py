@@ -16,16 +16,44 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
-from miniflex.types import BlockId, ReqId, SlotId
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
-__all__ = ["ChunkMove", "JobId", "JobKind", "JobResult", "TransferJob", "TransferPlan"]
+__all__ = [
+    "NO_REQUEST",
+    "ChunkMove",
+    "JobId",
+    "JobKind",
+    "JobResult",
+    "SlotCopy",
+    "TransferJob",
+    "TransferPlan",
+]
 
 JobId = NewType("JobId", int)
 
+NO_REQUEST = ReqId("")
+"""The ``req_id`` of jobs that belong to no request (demotions, clearing the SSD store)."""
+
 
 class JobKind(enum.Enum):
-    LOAD = "load"  # CPU slot -> vLLM blocks
+    LOAD = "load"  # (SSD slot -> CPU slot, then) CPU slot -> vLLM blocks
     STORE = "store"  # vLLM blocks -> CPU slot
+    DEMOTE = "demote"  # CPU slot -> SSD slot
+    CLEAR = "clear"  # forget every chunk of the SSD store (a cache reset)
+
+
+@dataclass(frozen=True)
+class SlotCopy:
+    """One chunk copied between the CPU pool and the SSD store.
+
+    In a LOAD job it is a promotion (read SSD slot ``ssd`` into CPU slot
+    ``cpu`` before the GPU copy); in a DEMOTE job a write of CPU slot ``cpu``
+    to SSD slot ``ssd``. ``key`` is journaled with the bytes on SSD.
+    """
+
+    key: ChunkKey
+    cpu: SlotId
+    ssd: SlotId
 
 
 @dataclass(frozen=True)
@@ -53,6 +81,8 @@ class TransferJob:
     chunks: tuple[ChunkMove, ...]
     unavailable: tuple[BlockId, ...] = ()
     """Blocks promised to vLLM whose chunk vanished before the load: reported as load errors."""
+    ssd: tuple[SlotCopy, ...] = ()
+    """LOAD: promotions done first; DEMOTE: the writes to SSD."""
 
     @property
     def block_ids(self) -> tuple[BlockId, ...]:
@@ -73,6 +103,9 @@ class TransferPlan:
     preempted: tuple[ReqId, ...] = ()
     """Requests whose blocks vLLM freed this step: their stores must finish before compute."""
 
+    def jobs_of(self, kind: JobKind) -> tuple[TransferJob, ...]:
+        return tuple(j for j in self.jobs if j.kind is kind)
+
 
 @dataclass(frozen=True)
 class JobResult:
@@ -85,3 +118,8 @@ class JobResult:
     num_bytes: int = 0
     seconds: float = 0.0
     failed_block_ids: tuple[BlockId, ...] = field(default=())
+    """LOAD: blocks not loaded (vLLM recomputes them), whether or not ``ok``."""
+    failed_keys: tuple[ChunkKey, ...] = field(default=())
+    """Chunks whose SSD read (LOAD) or write (DEMOTE) failed: corrupt, unreadable or disk full."""
+    io: str = ""
+    """The SSD I/O backend (``io_uring``, ``threads``) if the job touched SSD."""

@@ -19,6 +19,7 @@ class TransferStats:
     """Counters since the last reset; ``merge`` adds another instance in place."""
 
     hit_tokens: Counter[str] = field(default_factory=Counter)  # per tier name
+    ssd_jobs: Counter[str] = field(default_factory=Counter)  # per SSD I/O backend name
     stored_tokens: int = 0
     load_bytes: int = 0
     store_bytes: int = 0
@@ -28,6 +29,13 @@ class TransferStats:
     stores: int = 0
     failed_jobs: int = 0
     stores_skipped: int = 0
+    demotes: int = 0
+    demote_bytes: int = 0
+    demote_seconds: float = 0.0
+    promoted_chunks: int = 0  # read SSD -> CPU for a load
+    demoted_chunks: int = 0  # written CPU -> SSD (write-back or write-through)
+    ssd_read_failures: int = 0  # checksum mismatch or I/O error: recomputed, dropped
+    ssd_write_failures: int = 0  # disk full or I/O error: the chunk is not kept on SSD
 
     _SUMMED = (
         "stored_tokens",
@@ -39,6 +47,13 @@ class TransferStats:
         "stores",
         "failed_jobs",
         "stores_skipped",
+        "demotes",
+        "demote_bytes",
+        "demote_seconds",
+        "promoted_chunks",
+        "demoted_chunks",
+        "ssd_read_failures",
+        "ssd_write_failures",
     )
 
     def add_result(self, r: JobResult) -> None:
@@ -46,13 +61,21 @@ class TransferStats:
             self.loads += 1
             self.load_bytes += r.num_bytes
             self.load_seconds += r.seconds
-        else:
+        elif r.kind is JobKind.STORE:
             self.stores += 1
             self.store_bytes += r.num_bytes
             self.store_seconds += r.seconds
+        elif r.kind is JobKind.DEMOTE:
+            self.demotes += 1
+            self.demote_bytes += r.num_bytes
+            self.demote_seconds += r.seconds
+
+        if r.io:
+            self.ssd_jobs[r.io] += 1
 
     def merge(self, other: TransferStats) -> TransferStats:
         self.hit_tokens.update(other.hit_tokens)
+        self.ssd_jobs.update(other.ssd_jobs)
         for name in self._SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         return self
@@ -63,6 +86,7 @@ class TransferStats:
     def as_counters(self) -> dict[str, int | float]:
         """Flat summable counters (the ``KVConnectorStats.data`` payload)."""
         out: dict[str, int | float] = {f"hit_tokens_{t}": n for t, n in self.hit_tokens.items()}
+        out.update({f"ssd_jobs_{name}": n for name, n in self.ssd_jobs.items()})
         for name in self._SUMMED:
             out[name] = getattr(self, name)
         return out

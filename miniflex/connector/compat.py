@@ -159,6 +159,22 @@ def share_vllm_logging() -> None:
         ours.propagate = False
 
 
+def block_hashes_reproducible(hash_seed_set: bool) -> bool:
+    """True if vLLM's block hashes are the same in every process (so SSD chunks survive restarts).
+
+    vLLM chains every block hash from ``NONE_HASH``. With ``PYTHONHASHSEED`` set
+    it is derived from that seed; vLLM 0.32+ also uses a fixed default seed
+    for sha256. vLLM 0.26 otherwise seeds it randomly per process.
+    """
+    if hash_seed_set:
+        return True
+    from vllm.v1.core import kv_cache_utils as kcu
+
+    seed_of = getattr(kcu, "get_none_hash_seed", None)
+    default = getattr(kcu, "DEFAULT_NONE_HASH_SEED", None)
+    return seed_of is not None and default is not None and seed_of() == default
+
+
 def block_hashes(request: Any) -> Sequence[bytes]:
     """The request's block hashes (bytes in 0.26+), not copied: it is read every step."""
     return request.block_hashes

@@ -25,8 +25,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from miniflex.config import MiniFlexConfig
-from miniflex.connector import compat
+from miniflex.config import MiniFlexConfig, hash_seed_set
+from miniflex.connector import compat, ssd_tier
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
@@ -45,7 +45,7 @@ logger = logging.getLogger("miniflex.connector")
 
 
 class MiniFlexConnector(KVConnectorBase_V1):
-    """Tiered KV cache (pinned CPU now; SSD next) behind vLLM's V1 connector API."""
+    """Tiered KV cache (pinned CPU, optional SSD) behind vLLM's V1 connector API."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -83,14 +83,29 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 # A cache miss must never fail a request: recompute what could not be loaded.
                 logger.info("MiniFlex sets kv_load_failure_policy=recompute")
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
+            ssd_slots = ssd_tier.num_slots(self.config, geometry.slot_bytes)
             self._manager = MiniFlexManager(
-                self.config, self.ns, self.num_slots, compat.reporting_workers(vllm_config)
+                self.config,
+                self.ns,
+                self.num_slots,
+                compat.reporting_workers(vllm_config),
+                ssd_slots,
             )
+            recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
+            if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
+                logger.warning(
+                    "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
+                    "will not be found after a restart; set PYTHONHASHSEED (any value, the "
+                    "same for every start) to keep them"
+                )
             logger.info(
-                "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), namespace %s",
+                "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), %d SSD slots "
+                "(%d chunks recovered), namespace %s",
                 self.num_slots,
                 geometry.chunk_tokens,
                 self.num_slots * geometry.slot_bytes / 2**30,
+                ssd_slots,
+                recovered,
                 self.ns.digest.hex()[:12],
             )
         else:
@@ -104,7 +119,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layout = self.handler.register(
-            kv_caches, self.num_slots, self.geometry.blocks_per_chunk, compat.tp_rank()
+            kv_caches,
+            self.num_slots,
+            self.geometry.blocks_per_chunk,
+            compat.tp_rank(),
+            self.ns.digest,
         )
         if layout.geometry != self.geometry or layout.order != self.page_order:
             raise TransferError(
@@ -201,14 +220,24 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
         st = self.manager.state(req_id)
-        params = {"miniflex": {"hit_tokens": st.hit_tokens, "stored_tokens": st.stored_tokens}}
+        params = {
+            "miniflex": {
+                "hit_tokens": st.hit_tokens,
+                "stored_tokens": st.stored_tokens,
+                **{f"hit_tokens_{tier}": n for tier, n in st.hit_by_tier.items()},
+            }
+        }
         delay = self.manager.on_finished(req_id)
         self._requests.pop(req_id, None)
         return delay, params
 
     def reset_cache(self) -> bool:
-        """``reset_prefix_cache(reset_connector=True)``: forget every chunk in the CPU tier."""
-        dropped = self.manager.cpu.clear()
+        """``reset_prefix_cache(reset_connector=True)``: forget every chunk in every tier.
+
+        The SSD store forgets its chunks durably too (a reset usually means new
+        weights), in order with the transfers already queued.
+        """
+        dropped = self.manager.reset()
         logger.info("MiniFlex cache reset: %d chunks dropped", dropped)
         return True
 

@@ -10,9 +10,13 @@ once with plain automatic prefix caching (APC) and once with MiniFlex, and runs:
 3. a working set of distinct long prompts twice vLLM's KV capacity, sent
    round-robin twice: APC's LRU evicts each prompt before it comes back.
 
+MiniFlex runs with a CPU tier of about two prompts over an SSD tier (a
+temporary directory), so the working set also overflows the CPU tier and part
+of it is served from SSD.
+
 TTFT is measured as the time of a ``max_tokens=1`` request (prefill plus one
 token). Hits come from each request's output: ``num_cached_tokens`` (all
-tokens not recomputed) and MiniFlex's ``kv_transfer_params`` (its CPU-tier hits).
+tokens not recomputed) and MiniFlex's ``kv_transfer_params`` (its hits per tier).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,6 +37,7 @@ from miniflex.connector.offline import (
     evict_gpu_prefix_cache,
     make_llm,
     miniflex_hit_tokens,
+    miniflex_hits_by_tier,
     shutdown_llm,
 )
 from miniflex.errors import ConfigError
@@ -59,10 +65,11 @@ class DemoRow:
     prompt_tokens: int
     gpu_hit_tokens: int
     cpu_hit_tokens: int
+    ssd_hit_tokens: int
 
     @property
     def recomputed_tokens(self) -> int:
-        return self.prompt_tokens - self.gpu_hit_tokens - self.cpu_hit_tokens
+        return self.prompt_tokens - self.gpu_hit_tokens - self.cpu_hit_tokens - self.ssd_hit_tokens
 
 
 def _log(msg: str) -> None:
@@ -78,14 +85,15 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
     from vllm import SamplingParams
 
     sp = SamplingParams(max_tokens=1, temperature=0, detokenize=False)
-    ttfts, gpu, cpu = [], 0, 0
+    ttfts, gpu, cpu, ssd = [], 0, 0, 0
     for p in prompts:
         t0 = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
         ttfts.append(time.perf_counter() - t0)
-        mf = miniflex_hit_tokens(out) or 0
-        cpu += mf
-        gpu += (out.num_cached_tokens or 0) - mf
+        tiers = miniflex_hits_by_tier(out)
+        cpu += tiers.get("cpu", 0)
+        ssd += tiers.get("ssd", 0)
+        gpu += (out.num_cached_tokens or 0) - (miniflex_hit_tokens(out) or 0)
     return DemoRow(
         scenario,
         engine,
@@ -94,6 +102,7 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
         sum(len(p) for p in prompts),
         gpu,
         cpu,
+        ssd,
     )
 
 
@@ -124,10 +133,18 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
     model = write_tiny_model(Path(tempfile.gettempdir()) / "miniflex-demo-model", SPEC)
     _log(f"model: {SPEC.num_hidden_layers} layers, {KV_BYTES_PER_TOKEN} KV bytes/token at {model}")
     rows: list[DemoRow] = []
-    for engine, mf in (
-        ("APC only", None),
-        ("MiniFlex", {"cpu_bytes": "1GiB", "blocks_per_chunk": 2}),
-    ):
+    mf_config: dict[str, Any] = {
+        "cpu_bytes": 2 * prompt_tokens * KV_BYTES_PER_TOKEN + (1 << 20),  # about two prompts
+        "blocks_per_chunk": 2,
+    }
+    ssd_dir = _ssd_dir()
+    if ssd_dir is None:
+        _log("no directory here supports O_DIRECT: running without the SSD tier")
+        mf_config["cpu_bytes"] = "1GiB"
+    else:
+        mf_config.update(ssd_dirs=str(ssd_dir), ssd_bytes=f"{64 * prompt_tokens // 256}MiB")
+        _log(f"SSD tier in {ssd_dir}")
+    for engine, mf in (("APC only", None), ("MiniFlex", mf_config)):
         _log(f"starting vLLM ({engine}); engine start takes 20-60 s on a small CPU")
         llm = make_llm(
             model,
@@ -147,10 +164,26 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
     return rows
 
 
+def _ssd_dir() -> Path | None:
+    """A fresh directory for the demo's SSD tier on a file system that takes O_DIRECT."""
+    for base in (tempfile.gettempdir(), "/var/tmp"):
+        path = Path(base) / "miniflex-demo-ssd"
+        shutil.rmtree(path, ignore_errors=True)  # every demo starts cold
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = path / "probe"
+        try:
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600))
+        except OSError:
+            continue
+        probe.unlink()
+        return path
+    return None
+
+
 def _print_table(rows: list[DemoRow]) -> None:
     head = (
         f"{'scenario':<34}{'engine':<10}{'TTFT ms':>9}{'GPU-hit tok':>12}"
-        f"{'CPU-hit tok':>12}{'recomputed':>11}"
+        f"{'CPU-hit tok':>12}{'SSD-hit tok':>12}{'recomputed':>11}"
     )
     print(head)
     print("-" * len(head))
@@ -158,7 +191,7 @@ def _print_table(rows: list[DemoRow]) -> None:
         n = r.requests
         print(
             f"{r.scenario:<34}{r.engine:<10}{r.ttft_ms:>9.1f}{r.gpu_hit_tokens // n:>12}"
-            f"{r.cpu_hit_tokens // n:>12}{r.recomputed_tokens // n:>11}"
+            f"{r.cpu_hit_tokens // n:>12}{r.ssd_hit_tokens // n:>12}{r.recomputed_tokens // n:>11}"
         )
     print("(token columns are per request; TTFT is the mean per request)")
     by = {(r.scenario, r.engine): r for r in rows}

@@ -1,9 +1,12 @@
 """The worker half of the connector: executes plans, reports what finished.
 
-It runs in each vLLM worker process and owns the bytes: the CPU pool and a
-mover bound to vLLM's KV tensors. Jobs run on one transfer thread in plan
-order, so a load never overtakes a store of the same slot:
+It runs in each vLLM worker process and owns the bytes: the CPU pool, a
+mover bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD store.
+Jobs run on one transfer thread in plan order, so a load never overtakes a
+store of the same slot:
 
+* demotions (CPU slot -> SSD) are queued with the loads, before them, so a
+  slot is on its way to SSD before a promotion or store reuses it;
 * loads are queued at ``start_load_kv`` (before the step's forward); they go
   into blocks of requests that wait for them, which no forward touches;
 * stores are queued at ``wait_for_save`` (after the forward that computed
@@ -28,17 +31,24 @@ from concurrent.futures import Future
 import torch
 
 from miniflex.config import MiniFlexConfig
+from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, TransferJob, TransferPlan
 from miniflex.pool import HostPool
-from miniflex.types import BlockId, ReqId
+from miniflex.ssd.copier import SSDCopier
+from miniflex.types import BlockId, ChunkKey, ReqId
 
 __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
+
+_GROUPS = {
+    JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
+    JobKind.STORE: (JobKind.STORE,),  # queued after it
+}
 
 
 class MiniFlexHandler:
@@ -62,6 +72,7 @@ class MiniFlexHandler:
         self._plan: TransferPlan | None = None
         self._submitted: set[JobKind] = set()
         self._pinned = False
+        self._ssd: SSDCopier | None = None
 
     def register(
         self,
@@ -69,10 +80,15 @@ class MiniFlexHandler:
         num_slots: int,
         blocks_per_chunk: int,
         rank: int = 0,
+        namespace_digest: bytes | None = None,
     ) -> KVLayout:
+        """Bind to vLLM's KV tensors; opens the SSD store (``namespace_digest`` names it)."""
         self.layout = layout_from_tensors(kv_caches, blocks_per_chunk)
         path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
         self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
+        if self.config.ssd_dirs:
+            assert namespace_digest is not None, "the SSD tier needs the namespace digest"
+            self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
@@ -103,8 +119,11 @@ class MiniFlexHandler:
             self._plan, self._submitted = plan, set()
         if kind in self._submitted:
             return
+        if kind is JobKind.STORE and JobKind.LOAD not in self._submitted:
+            self.submit(plan, JobKind.LOAD)  # demotions and loads always go first
         self._submitted.add(kind)
-        jobs = [job for job in plan.jobs if job.kind is kind]
+        group = _GROUPS[kind]
+        jobs = [job for job in plan.jobs if job.kind in group]
         fence = self._mover.fence() if jobs else None
         for job in jobs:
             fut: Future[JobResult] = Future()
@@ -139,23 +158,50 @@ class MiniFlexHandler:
     def _execute(self, job: TransferJob, fence: object) -> JobResult:
         assert self._mover is not None
         t0 = time.perf_counter()
+        io = self._ssd.backend if self._ssd is not None and job.ssd else ""
         try:
-            if job.unavailable:
-                raise LookupError(f"{len(job.unavailable)} blocks were evicted before loading")
-            moved = (
-                self._mover.load(job.chunks, after=fence)
-                if job.kind is JobKind.LOAD
-                else self._mover.store(job.chunks, after=fence)
-            )
+            failed_keys: set[ChunkKey] = set()
+            failed_blocks: list[BlockId] = list(job.unavailable)
+            moved = 0
+            if job.kind is JobKind.LOAD:
+                chunks = job.chunks
+                if job.ssd:
+                    failed_keys = self._copier().promote(job.ssd)
+                    bad = {c.cpu for c in job.ssd if c.key in failed_keys}
+                    chunks = tuple(c for c in chunks if c.slot not in bad)
+                    failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
+                moved = self._mover.load(chunks, after=fence)
+            elif job.kind is JobKind.STORE:
+                moved = self._mover.store(job.chunks, after=fence)
+            elif job.kind is JobKind.DEMOTE:
+                failed_keys = self._copier().demote(job.ssd)
+                moved = (len(job.ssd) - len(failed_keys)) * self._copier().store.slot_bytes
+            elif job.kind is JobKind.CLEAR and self._ssd is not None:
+                self._ssd.clear()
         except Exception as exc:  # the worker boundary: report, never crash vLLM
             logger.error(
                 "MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc
             )
             failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
             return JobResult(
-                job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed
+                job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
             )
-        return JobResult(job.job_id, job.req_id, job.kind, True, moved, time.perf_counter() - t0)
+        return JobResult(
+            job.job_id,
+            job.req_id,
+            job.kind,
+            True,
+            moved,
+            time.perf_counter() - t0,
+            tuple(failed_blocks),
+            tuple(failed_keys),
+            io,
+        )
+
+    def _copier(self) -> SSDCopier:
+        if self._ssd is None:
+            raise TransferError("an SSD job reached a worker without ssd_dirs configured")
+        return self._ssd
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:
@@ -199,3 +245,6 @@ class MiniFlexHandler:
                 pinning.unpin(self._pool.address)
             self._pool.close()
             self._pool = None
+        if self._ssd is not None:
+            self._ssd.close()
+            self._ssd = None

@@ -7,8 +7,10 @@ and never touches KV bytes. Per engine step:
    match of the request's chunk keys, starting after vLLM's own GPU hit.
 2. ``on_alloc`` (from ``update_state_after_alloc``): pins the hit chunks and
    records the blocks vLLM allocated for them.
-3. ``build_plan`` (from ``build_connector_meta``): load jobs for step 2's
-   requests, store jobs for chunks that this step completes, releases.
+3. ``build_plan`` (from ``build_connector_meta``): demotions (CPU->SSD writes
+   of chunks the CPU tier evicted), load jobs for step 2's requests (with the
+   SSD->CPU promotions they need), store jobs for chunks that this step
+   completes, releases.
 4. ``on_output`` (from ``update_connector_output``): two-phase commits of the
    jobs the workers finished, failed loads dropped from the tier.
 """
@@ -25,9 +27,18 @@ from miniflex.config import MiniFlexConfig
 from miniflex.connector.requests import PendingLoad, ReqState
 from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
-from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, TransferJob, TransferPlan
+from miniflex.plan import (
+    NO_REQUEST,
+    ChunkMove,
+    JobId,
+    JobKind,
+    JobResult,
+    SlotCopy,
+    TransferJob,
+    TransferPlan,
+)
 from miniflex.stats import TransferStats
-from miniflex.tiers import SlotTier
+from miniflex.tiers import ChunkSource, SlotTier, TierStack
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["MiniFlexManager", "ScheduledReq"]
@@ -51,27 +62,50 @@ class _Job:
     job: TransferJob
     pending_reports: int
     placed: list[tuple[ChunkKey, SlotId]] = field(default_factory=list)  # stores
-    slots: list[SlotId] = field(default_factory=list)  # loads
-    tokens: int = 0  # loads: tokens served if the load succeeds
+    sources: list[ChunkSource] = field(default_factory=list)  # loads
+    block_tiers: list[Tier] = field(default_factory=list)  # loads: tier of each job block
+    copies: list[SlotCopy] = field(default_factory=list)  # demotions
     ok: bool = True
+    failed_blocks: set[BlockId] = field(default_factory=set)
+    failed_keys: set[ChunkKey] = field(default_factory=set)
 
 
 class MiniFlexManager:
     """Scheduler-side MiniFlex for one engine; ``num_workers`` ranks report every job."""
 
     def __init__(
-        self, config: MiniFlexConfig, ns: Namespace, num_slots: int, num_workers: int = 1
+        self,
+        config: MiniFlexConfig,
+        ns: Namespace,
+        num_slots: int,
+        num_workers: int = 1,
+        ssd_slots: int = 0,
     ) -> None:
         self.config = config
         self.ns = ns
-        self.cpu = SlotTier(Tier.CPU, num_slots, config.cpu_eviction)
+        self.tiers = TierStack(
+            num_slots,
+            config.cpu_eviction,
+            ssd_slots,
+            config.ssd_eviction,
+            write_through=config.ssd_write == "through",
+        )
         self.num_workers = num_workers
         self._reqs: dict[ReqId, ReqState] = {}
         self._jobs: dict[JobId, _Job] = {}
         self._next_job = 0
         self._to_load: list[ReqId] = []
         self._release: list[ReqId] = []
+        self._clear_ssd = False
         self.stats = TransferStats()
+
+    @property
+    def cpu(self) -> SlotTier:
+        return self.tiers.cpu
+
+    @property
+    def ssd(self) -> SlotTier | None:
+        return self.tiers.ssd
 
     # ---- request bookkeeping ----
     def state(self, req_id: ReqId) -> ReqState:
@@ -115,7 +149,7 @@ class MiniFlexManager:
         keys = self._keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
-        hit = self.cpu.match(st.key_array[start:]) if start < len(keys) else 0
+        hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         return max(0, end - num_computed)
 
@@ -129,7 +163,7 @@ class MiniFlexManager:
         ct = self.ns.chunk_tokens
         first, end = st.num_computed_tokens, st.num_computed_tokens + num_external
         keys = st.keys[first // ct : -(-end // ct)]
-        st.load = PendingLoad(first, num_external, self.cpu.prepare_load(keys))
+        st.load = PendingLoad(first, num_external, self.tiers.acquire(keys))
         self._to_load.append(req_id)
 
     # ---- 3. plans ----
@@ -150,8 +184,9 @@ class MiniFlexManager:
                 # The worker waits for these stores before the next forward; their
                 # results still commit by job id, but no longer hold the request.
                 st.store_jobs.clear()
-        jobs = [j for r in self._to_load if (j := self._load_job(r)) is not None]
+        loads = [j for r in self._to_load if (j := self._load_job(r)) is not None]
         self._to_load.clear()
+        jobs: list[TransferJob] = []
         for s in scheduled:
             st = self.state(s.req_id)
             st.block_ids = (
@@ -162,8 +197,26 @@ class MiniFlexManager:
                 job = self._store_job(st, hashes, s.num_computed_tokens + s.num_scheduled_tokens)
                 if job is not None:
                     jobs.append(job)
+        # Demotions go first: they read CPU slots that this step's promotions and
+        # stores (queued after them on the same in-order worker queue) overwrite.
+        demote = self._demote_job()
+        jobs = ([demote] if demote else []) + loads + jobs
+        if self._clear_ssd:  # before everything: demotions of this plan follow the reset
+            self._clear_ssd = False
+            jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
         return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted)
+
+    def _demote_job(self) -> TransferJob | None:
+        copies = self.tiers.take_demotions()
+        return self._system_job(JobKind.DEMOTE, tuple(copies)) if copies else None
+
+    def _system_job(self, kind: JobKind, copies: tuple[SlotCopy, ...]) -> TransferJob:
+        """A job of no request (DEMOTE, CLEAR), tracked until every worker reports it."""
+        job = TransferJob(JobId(self._next_job), NO_REQUEST, kind, (), ssd=copies)
+        self._next_job += 1
+        self._jobs[job.job_id] = _Job(job, self.num_workers, copies=list(copies))
+        return job
 
     def _new_job(
         self, st: ReqState, kind: JobKind, chunks: list[ChunkMove], **kw: object
@@ -179,19 +232,28 @@ class MiniFlexManager:
         load, st.load = st.load, None
         bs, bpc = self.ns.block_size, self.ns.blocks_per_chunk
         b0, b1 = load.first_token // bs, (load.first_token + load.num_tokens) // bs
-        chunks, unavailable = [], []
+        chunks: list[ChunkMove] = []
+        unavailable: list[BlockId] = []
+        block_tiers: list[Tier] = []
         for b in range(b0, b1):
             i = b // bpc - b0 // bpc
-            if i >= len(load.slots):
+            if i >= len(load.sources):
                 unavailable.append(st.block_ids[b])
-            elif chunks and chunks[-1].slot == load.slots[i]:
+                continue
+            src = load.sources[i]
+            block_tiers.append(src.tier)
+            if chunks and chunks[-1].slot == src.cpu:
                 prev = chunks[-1]
                 chunks[-1] = ChunkMove(prev.slot, (*prev.block_ids, st.block_ids[b]), prev.first)
             else:
-                chunks.append(ChunkMove(load.slots[i], (st.block_ids[b],), b % bpc))
-        job = self._new_job(st, JobKind.LOAD, chunks, unavailable=tuple(unavailable))
-        tokens = load.num_tokens - len(unavailable) * bs
-        self._jobs[job.job_id] = _Job(job, self.num_workers, slots=list(load.slots), tokens=tokens)
+                chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
+        promotions = tuple(SlotCopy(s.key, s.cpu, s.ssd) for s in load.sources if s.ssd is not None)
+        job = self._new_job(
+            st, JobKind.LOAD, chunks, unavailable=tuple(unavailable), ssd=promotions
+        )
+        self._jobs[job.job_id] = _Job(
+            job, self.num_workers, sources=list(load.sources), block_tiers=block_tiers
+        )
         st.load_job = job.job_id
         return job
 
@@ -212,7 +274,7 @@ class MiniFlexManager:
             return None
         first = st.stored_chunks
         st.stored_chunks = full
-        placed = self.cpu.prepare_store(keys[first:full])
+        placed = self.tiers.prepare_store(keys[first:full])
         if not placed:
             return None
         index = {k: i for i, k in enumerate(keys)}
@@ -236,28 +298,61 @@ class MiniFlexManager:
                 continue
             rec.pending_reports -= 1
             rec.ok = rec.ok and r.ok
+            rec.failed_blocks.update(r.failed_block_ids)
+            rec.failed_keys.update(r.failed_keys)
             self.stats.add_result(r)
             if rec.pending_reports > 0:
                 continue
             del self._jobs[r.job_id]
-            ok = rec.ok
+            if r.kind is JobKind.DEMOTE:
+                self._commit_demote(rec)
+                continue
+            if r.kind is JobKind.CLEAR:
+                continue
             st = self._reqs.get(r.req_id)
             if r.kind is JobKind.STORE:
-                self.cpu.complete_store(rec.placed, ok)
+                self.tiers.complete_store(rec.placed, rec.ok)
                 if st is not None:
                     st.store_jobs.discard(r.job_id)
-                self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens if ok else 0
+                if rec.ok:
+                    self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens
             else:
-                self.cpu.complete_load(rec.slots, ok)
-                if ok:
-                    self.stats.hit_tokens[Tier.CPU.name.lower()] += rec.tokens
+                served = self._commit_load(rec)
                 if st is not None:
                     st.load_job = None
-                    st.hit_tokens += rec.tokens if ok else 0
-            if not ok:
+                    st.hit_tokens += sum(served.values())
+                    for tier, n in served.items():
+                        st.hit_by_tier[tier] = st.hit_by_tier.get(tier, 0) + n
+            if not rec.ok:
                 self.stats.failed_jobs += 1
             if st is not None:
                 self._maybe_forget(st)
+
+    def _commit_load(self, rec: _Job) -> dict[str, int]:
+        """Unpin and publish a finished load; returns the tokens vLLM won't recompute, per tier."""
+        self.tiers.release(rec.sources, rec.ok, rec.failed_keys)
+        self.stats.ssd_read_failures += len(rec.failed_keys)
+        self.stats.promoted_chunks += sum(
+            1 for s in rec.sources if s.ssd is not None and s.key not in rec.failed_keys
+        )
+        if not rec.ok:
+            return {}
+        # vLLM recomputes from the first block that failed (or was unavailable) on.
+        bad = rec.failed_blocks | set(rec.job.unavailable)
+        job_blocks = rec.job.block_ids
+        good = next((i for i, b in enumerate(job_blocks) if b in bad), len(job_blocks))
+        served: dict[str, int] = {}
+        for tier in rec.block_tiers[:good]:
+            name = tier.name.lower()
+            served[name] = served.get(name, 0) + self.ns.block_size
+        self.stats.hit_tokens.update(served)
+        return served
+
+    def _commit_demote(self, rec: _Job) -> None:
+        failed = rec.failed_keys if rec.ok else {c.key for c in rec.copies}
+        self.tiers.complete_demotions(rec.copies, failed)
+        self.stats.demoted_chunks += len(rec.copies) - len(failed)
+        self.stats.ssd_write_failures += len(failed)
 
     def on_finished(self, req_id: ReqId) -> bool:
         """vLLM finished (or aborted) the request; True keeps its blocks until we release them."""
@@ -266,7 +361,7 @@ class MiniFlexManager:
             return False
         st.finished = True
         if st.load is not None:  # aborted before its load was even sent
-            self.cpu.complete_load(st.load.slots, ok=True)
+            self.tiers.cancel(st.load.sources)
             st.load = None
             self._to_load = [r for r in self._to_load if r != req_id]
         if st.load_job is not None:
@@ -281,8 +376,20 @@ class MiniFlexManager:
         self._maybe_forget(st)
         return False
 
+    def reset(self) -> int:
+        """Forget every chunk in every tier; the workers clear their SSD stores in plan order."""
+        if self.ssd is not None:
+            self._clear_ssd = True
+        return self.tiers.clear()
+
     def has_jobs(self) -> bool:
-        return bool(self._jobs) or bool(self._to_load) or bool(self._release)
+        return bool(
+            self._jobs
+            or self._to_load
+            or self._release
+            or self._clear_ssd
+            or self.tiers.has_demotions()
+        )
 
     def has_pending_frees(self) -> bool:
         return any(st.finished and st.busy for st in self._reqs.values())

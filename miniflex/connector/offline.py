@@ -9,7 +9,13 @@ from typing import Any
 
 from miniflex.errors import MiniFlexError
 
-__all__ = ["evict_gpu_prefix_cache", "make_llm", "miniflex_hit_tokens", "shutdown_llm"]
+__all__ = [
+    "evict_gpu_prefix_cache",
+    "make_llm",
+    "miniflex_hit_tokens",
+    "miniflex_hits_by_tier",
+    "shutdown_llm",
+]
 
 CONNECTOR = {
     "kv_connector": "MiniFlexConnector",
@@ -61,6 +67,13 @@ def miniflex_hit_tokens(output: Any) -> int | None:
     """Tokens of a finished request that MiniFlex loaded (None: MiniFlex not configured)."""
     params = (output.kv_transfer_params or {}).get("miniflex")
     return None if params is None else int(params["hit_tokens"])
+
+
+def miniflex_hits_by_tier(output: Any) -> dict[str, int]:
+    """Tokens MiniFlex loaded for a finished request, per tier (``{"cpu": .., "ssd": ..}``)."""
+    params = (output.kv_transfer_params or {}).get("miniflex") or {}
+    prefix = "hit_tokens_"
+    return {k[len(prefix) :]: int(v) for k, v in params.items() if k.startswith(prefix)}
 
 
 def shutdown_llm(llm: Any) -> None:

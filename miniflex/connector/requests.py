@@ -8,7 +8,8 @@ import numpy as np
 
 from miniflex.index import keys_to_array
 from miniflex.plan import JobId
-from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.tiers import ChunkSource
+from miniflex.types import BlockId, ChunkKey, ReqId
 
 __all__ = ["PendingLoad", "ReqState"]
 
@@ -19,7 +20,7 @@ class PendingLoad:
 
     first_token: int  # vLLM's own hit: the load starts here
     num_tokens: int  # tokens MiniFlex promised to vLLM
-    slots: list[SlotId]
+    sources: list[ChunkSource]  # pinned, one per chunk from the load's first chunk on
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ReqState:
     store_jobs: set[JobId] = field(default_factory=set)
     finished: bool = False
     hit_tokens: int = 0
+    hit_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens loaded
     stored_tokens: int = 0
 
     @property

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from miniflex.config import MiniFlexConfig, serve_settings
+from miniflex.config import MiniFlexConfig, serve_environment, serve_settings
 from miniflex.connector import compat
 from miniflex.errors import ConfigError
 
@@ -83,5 +83,5 @@ def serve(args: Sequence[str]) -> int:
     for path in remove_stale_sockets():
         logger.info("removed stale IPC socket %s", path)
     print("[miniflex serve] " + " ".join(argv[1:]), file=sys.stderr, flush=True)
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, serve_environment())
     return 0  # not reached

@@ -25,7 +25,7 @@ class MiniFlexConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         d: dict[str, Any] = self.data
         out: dict[str, int | float] = {k: v for k, v in d.items() if not k.endswith("_seconds")}
-        for kind in ("load", "store"):
+        for kind in ("load", "store", "demote"):
             n = d.get(f"{kind}s", 0)
             secs = d.get(f"{kind}_seconds", 0.0)
             out[f"{kind}_ms_avg"] = round(1e3 * secs / n, 3) if n else 0.0

@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["JOURNAL_VERSION", "SlotJournal"]
+__all__ = ["JOURNAL_VERSION", "SlotJournal", "read_journal"]
 
 log = logging.getLogger("miniflex.ssd")
 
@@ -64,6 +64,81 @@ def _record(kind: int, key: int = 0, slot: int = 0, checksum: int = 0, length: i
     return _sealed(_BODY.pack(kind, checksum, key.to_bytes(16, "little"), slot, length))
 
 
+def _header(namespace_digest: bytes, slot_bytes: int, num_slots: int) -> bytes:
+    return _sealed(_HEADER.pack(_MAGIC, JOURNAL_VERSION, namespace_digest, slot_bytes, num_slots))
+
+
+def read_journal(
+    path: str, namespace_digest: bytes, slot_bytes: int, num_slots: int
+) -> dict[ChunkKey, Entry]:
+    """Replay a journal without opening it for writing: the live ``key -> (slot, checksum)``.
+
+    For a process that does not own the store (the scheduler seeds its SSD
+    index this way after the worker has opened, and so repaired, the journal).
+    Empty if the file is missing or was written for another namespace or
+    geometry.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return {}
+    return _replay(data, _header(namespace_digest, slot_bytes, num_slots), slot_bytes, num_slots)
+
+
+def _replay(data: bytes, header: bytes, slot_bytes: int, num_slots: int) -> dict[ChunkKey, Entry]:
+    live: dict[ChunkKey, Entry] = {}
+    by_slot: dict[SlotId, ChunkKey] = {}
+    if data[:RECORD_BYTES] != header:
+        return live
+    for at in range(RECORD_BYTES, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
+        _apply(data[at : at + RECORD_BYTES], live, by_slot, slot_bytes, num_slots)
+    return live
+
+
+def _apply(
+    rec: bytes,
+    live: dict[ChunkKey, Entry],
+    by_slot: dict[SlotId, ChunkKey],
+    slot_bytes: int,
+    num_slots: int,
+) -> bool:
+    """Apply one record to the maps; False for a damaged or unknown record."""
+    body, (crc,) = rec[: _BODY.size], _TRAILER.unpack(rec[_BODY.size :])
+    if zlib.crc32(body) != crc:
+        return False
+    kind, checksum, raw_key, slot, length = _BODY.unpack(body)
+    key, slot_id = ChunkKey(int.from_bytes(raw_key, "little")), SlotId(slot)
+    if kind == _PUT and slot < num_slots and length == slot_bytes:
+        _apply_put(key, slot_id, checksum, live, by_slot)
+    elif kind == _DEL_KEY:
+        if key in live:
+            del by_slot[live.pop(key)[0]]
+    elif kind == _DEL_SLOT:
+        old = by_slot.pop(slot_id, None)
+        if old is not None:
+            del live[old]
+    else:
+        return False
+    return True
+
+
+def _apply_put(
+    key: ChunkKey,
+    slot: SlotId,
+    checksum: int,
+    live: dict[ChunkKey, Entry],
+    by_slot: dict[SlotId, ChunkKey],
+) -> None:
+    old_key = by_slot.get(slot)
+    if old_key is not None and old_key != key:
+        del live[old_key]
+    if key in live:
+        del by_slot[live[key][0]]
+    live[key] = (slot, checksum)
+    by_slot[slot] = key
+
+
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -85,9 +160,7 @@ class SlotJournal:
         self.path = path
         self.slot_bytes = slot_bytes
         self.num_slots = num_slots
-        self._header = _sealed(
-            _HEADER.pack(_MAGIC, JOURNAL_VERSION, namespace_digest, slot_bytes, num_slots)
-        )
+        self._header = _header(namespace_digest, slot_bytes, num_slots)
         self._live: dict[ChunkKey, Entry] = {}
         self._by_slot: dict[SlotId, ChunkKey] = {}
         self._suspect: set[SlotId] = set()
@@ -113,15 +186,9 @@ class SlotJournal:
         with a bad CRC, a slot out of range or a length other than
         ``slot_bytes`` are skipped; a partial trailing record is ignored.
         """
-        live: dict[ChunkKey, Entry] = {}
-        by_slot: dict[SlotId, ChunkKey] = {}
         with open(self.path, "rb") as f:
             data = f.read()
-        if data[:RECORD_BYTES] != self._header:
-            return live
-        for at in range(RECORD_BYTES, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
-            self._apply(data[at : at + RECORD_BYTES], live, by_slot)
-        return live
+        return _replay(data, self._header, self.slot_bytes, self.num_slots)
 
     @property
     def live(self) -> Mapping[ChunkKey, Entry]:
@@ -143,7 +210,7 @@ class SlotJournal:
             self._suspect.update(s for _, s, _ in items)  # some PUTs may be on disk after all
             raise
         for key, slot, checksum in items:
-            self._apply_put(key, slot, checksum, self._live, self._by_slot)
+            _apply_put(key, slot, checksum, self._live, self._by_slot)
         self._maybe_compact()
 
     def delete_keys(self, keys: Iterable[ChunkKey]) -> None:
@@ -170,6 +237,10 @@ class SlotJournal:
         """Rewrite the journal as header + one PUT per live entry (temp file, fsync, rename)."""
         self._rewrite(self._live)
 
+    def compact_to(self, live: Mapping[ChunkKey, Entry]) -> None:
+        """Rewrite the journal to hold exactly ``live`` (``{}``: forget everything)."""
+        self._rewrite(live)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -190,7 +261,13 @@ class SlotJournal:
             return None
         records = bad = 0
         for at in range(0, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
-            if self._apply(data[at : at + RECORD_BYTES], self._live, self._by_slot):
+            if _apply(
+                data[at : at + RECORD_BYTES],
+                self._live,
+                self._by_slot,
+                self.slot_bytes,
+                self.num_slots,
+            ):
                 records += 1
             else:
                 bad += 1
@@ -208,43 +285,6 @@ class SlotJournal:
                 f"not {self.num_slots} of {self.slot_bytes}"
             )
         return f"it belongs to another namespace (digest {digest.hex()})"
-
-    def _apply(
-        self, rec: bytes, live: dict[ChunkKey, Entry], by_slot: dict[SlotId, ChunkKey]
-    ) -> bool:
-        body, (crc,) = rec[: _BODY.size], _TRAILER.unpack(rec[_BODY.size :])
-        if zlib.crc32(body) != crc:
-            return False
-        kind, checksum, raw_key, slot, length = _BODY.unpack(body)
-        key, slot_id = ChunkKey(int.from_bytes(raw_key, "little")), SlotId(slot)
-        if kind == _PUT and slot < self.num_slots and length == self.slot_bytes:
-            self._apply_put(key, slot_id, checksum, live, by_slot)
-        elif kind == _DEL_KEY:
-            if key in live:
-                del by_slot[live.pop(key)[0]]
-        elif kind == _DEL_SLOT:
-            old = by_slot.pop(slot_id, None)
-            if old is not None:
-                del live[old]
-        else:
-            return False
-        return True
-
-    @staticmethod
-    def _apply_put(
-        key: ChunkKey,
-        slot: SlotId,
-        checksum: int,
-        live: dict[ChunkKey, Entry],
-        by_slot: dict[SlotId, ChunkKey],
-    ) -> None:
-        old_key = by_slot.get(slot)
-        if old_key is not None and old_key != key:
-            del live[old_key]
-        if key in live:
-            del by_slot[live[key][0]]
-        live[key] = (slot, checksum)
-        by_slot[slot] = key
 
     def _append(self, recs: list[bytes]) -> None:
         if not recs:

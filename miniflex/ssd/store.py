@@ -39,17 +39,45 @@ from miniflex.errors import ConfigError, IOBackendError
 from miniflex.layout import ALIGN
 from miniflex.ssd.base import BackendError, IOBackend, IOOp
 from miniflex.ssd.files import open_direct
-from miniflex.ssd.journal import SlotJournal
+from miniflex.ssd.journal import SlotJournal, read_journal
 from miniflex.ssd.probe import make_backend
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["DATA_FILE", "JOURNAL_FILE", "SSDStore"]
+__all__ = ["DATA_FILE", "JOURNAL_FILE", "SSDStore", "rank_dirs", "read_slots", "slot_count"]
 
 log = logging.getLogger("miniflex.ssd")
 
 DATA_FILE = "miniflex-slots.dat"
 JOURNAL_FILE = "miniflex-slots.journal"
 Item = tuple[ChunkKey, SlotId, memoryview]
+
+
+def rank_dirs(dirs: Sequence[str], rank: int, create: bool = False) -> list[str]:
+    """The directories of TP rank ``rank``'s store: ``<dir>/rank<rank>`` for each of ``dirs``."""
+    out = [os.path.join(os.path.abspath(d), f"rank{rank}") for d in dirs]
+    if create:
+        for d in out:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+    return out
+
+
+def slot_count(total_bytes: int, num_dirs: int, slot_bytes: int) -> int:
+    """Slots of a store of ``total_bytes`` over ``num_dirs`` files (the same in every process)."""
+    return total_bytes // num_dirs // slot_bytes * num_dirs
+
+
+def read_slots(
+    dirs: Sequence[str], total_bytes: int, slot_bytes: int, namespace_digest: bytes
+) -> dict[ChunkKey, SlotId]:
+    """The ``key -> slot`` map a store over ``dirs`` holds, read without opening the store.
+
+    The scheduler seeds its SSD index with this after the worker has opened
+    the store (which repairs the journal). Nothing is verified here; a corrupt
+    chunk fails its checksum when it is read.
+    """
+    path = os.path.join(os.path.abspath(dirs[0]), JOURNAL_FILE)
+    n = slot_count(total_bytes, len(dirs), slot_bytes)
+    return {k: s for k, (s, _) in read_journal(path, namespace_digest, slot_bytes, n).items()}
 
 
 class SSDStore:
@@ -75,8 +103,8 @@ class SSDStore:
         _check_config(dirs, total_bytes, slot_bytes, namespace_digest)
         self.slot_bytes = slot_bytes
         self._paths = [os.path.join(os.path.abspath(d), DATA_FILE) for d in dirs]
-        file_slots = total_bytes // len(dirs) // slot_bytes
-        self._num_slots = file_slots * len(dirs)
+        self._num_slots = slot_count(total_bytes, len(dirs), slot_bytes)
+        file_slots = self._num_slots // len(dirs)
         self._mutex = threading.Lock()
         self._fds: list[int] = []
         self._lock_fd = _lock(self._paths[0])
@@ -172,6 +200,17 @@ class SSDStore:
                     log.error("SSD store: chunk %032x in slot %d fails its checksum", *items[i][:2])
             self._drop([items[i][0] for i in sums if not ok[i]])
             return ok
+
+    def clear(self) -> None:
+        """Forget every chunk durably (the journal is rewritten empty)."""
+        with self._mutex:
+            self._live_journal().compact_to({})
+
+    @property
+    def backend_name(self) -> str:
+        """The I/O backend in use (``io_uring`` or ``threads``)."""
+        assert self._io is not None
+        return self._io.name
 
     def drop(self, keys: Iterable[ChunkKey]) -> None:
         """Forget ``keys`` durably (journal DEL); unknown keys are ignored; never raises OSError."""

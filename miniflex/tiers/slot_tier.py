@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,9 +43,18 @@ class TierUsage:
 class SlotTier:
     """Slot allocator + index + eviction policy for one tier (CPU pool or SSD file)."""
 
-    def __init__(self, tier: Tier, num_slots: int, policy: str = "lru") -> None:
+    def __init__(
+        self,
+        tier: Tier,
+        num_slots: int,
+        policy: str = "lru",
+        on_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+    ) -> None:
+        """``on_evict(key, slot)`` is called when making room evicts a resident chunk,
+        before the slot is handed to its new owner (the hierarchy demotes it)."""
         assert num_slots > 0, "a tier needs at least one slot"
         self.tier = tier
+        self._on_evict = on_evict
         self.num_slots = num_slots
         self._index = HashIndex(max_entries=num_slots)
         self._policy = make_policy(policy, num_slots)
@@ -132,6 +141,22 @@ class SlotTier:
             self._unpin(slot)
 
     # ---- maintenance ----
+    def seed(self, entries: Mapping[ChunkKey, SlotId]) -> int:
+        """Publish chunks already in place (an SSD store found at start-up); returns how many.
+
+        Only for a fresh tier; entries with a slot out of range or used twice are skipped.
+        """
+        assert len(self._free) == self.num_slots, "seed() a fresh tier only"
+        taken: set[SlotId] = set()
+        for key, slot in entries.items():
+            if 0 <= slot < self.num_slots and slot not in taken:
+                taken.add(slot)
+                self._slot_key[slot] = key
+                self._index.insert(key, self.tier, slot)
+                self._policy.touch(slot)
+        self._free = [s for s in self._free if s not in taken]
+        return len(taken)
+
     def drop(self, key: ChunkKey) -> bool:
         """Forget a resident chunk (e.g. found corrupt); its slot is freed once unpinned."""
         slot = self.slot_of(key)
@@ -174,6 +199,8 @@ class SlotTier:
         self._index.delete(key)
         self._slot_key[victim] = None
         self.evictions += 1
+        if self._on_evict is not None:
+            self._on_evict(key, victim)
         return victim
 
     def _unpublish(self, slot: SlotId) -> None:

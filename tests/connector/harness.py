@@ -186,7 +186,9 @@ def make_harness(
     blocks_per_chunk: int = 2,
     cpu_bytes: str = "1MiB",
     max_batched: int = 512,
+    extra: dict | None = None,
 ) -> Harness:
+    """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,'
@@ -207,7 +209,11 @@ def make_harness(
         kv_connector="MiniFlexConnector",
         kv_connector_module_path="miniflex.connector",
         kv_role="kv_both",
-        kv_connector_extra_config={"cpu_bytes": cpu_bytes, "blocks_per_chunk": blocks_per_chunk},
+        kv_connector_extra_config={
+            "cpu_bytes": cpu_bytes,
+            "blocks_per_chunk": blocks_per_chunk,
+            **(extra or {}),
+        },
     )
     vc = VllmConfig(
         model_config=mc,
@@ -227,6 +233,14 @@ def make_harness(
     )
     kcc.kv_cache_layout = "LBHNC"
     init_none_hash(sha256)
+    # vLLM's order: the workers register their KV caches (and open their SSD
+    # stores) before the scheduler, and so its connector, is built.
+    worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
+    kv = {
+        f"layer{i}": torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16)
+        for i in range(LAYERS)
+    }
+    worker.register_kv_caches(kv)
     sched = Scheduler(
         vllm_config=vc,
         kv_cache_config=kcc,
@@ -234,12 +248,6 @@ def make_harness(
         block_size=BLOCK,
         log_stats=True,
     )
-    worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
-    kv = {
-        f"layer{i}": torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16)
-        for i in range(LAYERS)
-    }
-    worker.register_kv_caches(kv)
     handler = worker.handler
     mover = GatedMover(handler._mover)  # the real mover, made pausable
     handler._mover = mover

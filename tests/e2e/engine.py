@@ -21,6 +21,7 @@ class Result:
     logprobs: tuple[tuple[tuple[int, float], ...], ...]  # top-5 per generated token
     num_cached_tokens: int
     miniflex_hit_tokens: int | None
+    hit_by_tier: dict[str, int]  # e.g. {"cpu": 640, "ssd": 320}
 
 
 def expected_hit(n_tokens: int) -> int:
@@ -55,6 +56,7 @@ def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
         logprobs=tuple(tuple(sorted((k, v.logprob) for k, v in d.items())) for d in comp.logprobs),
         num_cached_tokens=out.num_cached_tokens or 0,
         miniflex_hit_tokens=offline.miniflex_hit_tokens(out),
+        hit_by_tier=offline.miniflex_hits_by_tier(out),
     )
 
 

@@ -33,7 +33,9 @@ def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "TTFT ms" in proc.stdout and "CPU-hit tok" in proc.stdout
+    assert (
+        "TTFT ms" in proc.stdout and "CPU-hit tok" in proc.stdout and "SSD-hit tok" in proc.stdout
+    )
     assert "[demo" in proc.stderr  # progress lines
     rows = {(r["scenario"], r["engine"]): r for r in json.loads(out_json.read_text())}
     evicted = "same prompt, GPU copy evicted"
@@ -43,4 +45,7 @@ def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
     hit = expected_hit(1024)  # 992: whole blocks before the last token
     assert rows[(evicted, "MiniFlex")]["cpu_hit_tokens"] == hit
     assert rows[(over, "APC only")]["gpu_hit_tokens"] == 0
-    assert rows[(over, "MiniFlex")]["cpu_hit_tokens"] == 6 * hit
+    mf = rows[(over, "MiniFlex")]
+    # the CPU tier holds about two of the six prompts: the rest come from SSD
+    assert mf["cpu_hit_tokens"] + mf["ssd_hit_tokens"] == 6 * hit
+    assert mf["ssd_hit_tokens"] >= 3 * hit

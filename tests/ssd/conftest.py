@@ -8,13 +8,8 @@ refuses a ring.
 
 from __future__ import annotations
 
-import errno
 import mmap
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,34 +17,6 @@ import pytest
 from miniflex.ssd import BackendUnavailableError, IOBackend, ThreadBackend, UringBackend
 
 QUEUE_DEPTH = 16
-
-
-def _supports_direct(directory: Path) -> bool:
-    probe = directory / ".odirect_probe"
-    try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return False
-        raise
-    os.close(fd)
-    probe.unlink()
-    return True
-
-
-@pytest.fixture
-def direct_dir(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory whose file system accepts O_DIRECT (tmp_path, else /var/tmp)."""
-    if _supports_direct(tmp_path):
-        yield tmp_path
-        return
-    fallback = Path(tempfile.mkdtemp(prefix="miniflex-ssd-", dir="/var/tmp"))
-    try:
-        if not _supports_direct(fallback):
-            pytest.skip("neither the pytest tmp dir nor /var/tmp supports O_DIRECT")
-        yield fallback
-    finally:
-        shutil.rmtree(fallback, ignore_errors=True)
 
 
 def uring_unavailable_reason() -> str | None:

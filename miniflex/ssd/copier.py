@@ -1,0 +1,81 @@
+"""The worker side of the SSD tier: chunk copies between the CPU pool and the SSD store.
+
+One per worker process (TP rank), owned by the connector's handler and called
+from its transfer thread only, in plan order. It executes what the scheduler's
+:class:`~miniflex.tiers.TierStack` decided and reports which chunks failed;
+it never raises for I/O failures (a failed chunk is recomputed or not kept).
+
+Example::
+
+    copier = SSDCopier(config, pool, namespace_digest, rank=0)
+    failed = copier.promote([SlotCopy(key, cpu=SlotId(3), ssd=SlotId(17))])
+    failed = copier.demote([SlotCopy(key2, cpu=SlotId(4), ssd=SlotId(18))])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from miniflex.config import MiniFlexConfig
+from miniflex.plan import SlotCopy
+from miniflex.pool import HostPool
+from miniflex.ssd.probe import make_backend
+from miniflex.ssd.store import SSDStore, rank_dirs
+from miniflex.types import ChunkKey
+
+__all__ = ["SSDCopier"]
+
+log = logging.getLogger("miniflex.ssd")
+
+
+class SSDCopier:
+    """Opens (and recovers) this rank's SSD store; moves whole pool slots to and from it.
+
+    Construction raises ConfigError / IOBackendError for unusable directories,
+    too little free space or a file system without O_DIRECT, so a bad
+    ``ssd_dirs`` stops the engine at start-up with a readable error.
+    """
+
+    def __init__(
+        self, config: MiniFlexConfig, pool: HostPool, namespace_digest: bytes, rank: int = 0
+    ) -> None:
+        self._pool = pool
+        self._io = make_backend(config.ssd_io)
+        try:
+            dirs = rank_dirs(config.ssd_dirs, rank, create=True)
+            self.store = SSDStore(
+                dirs, config.ssd_bytes, pool.slot_bytes, namespace_digest, backend=self._io
+            )
+        except BaseException:
+            self._io.close()
+            raise
+        self.backend = self._io.name
+        log.info(
+            "SSD tier of rank %d: %d slots in %s, %s I/O, %d chunks recovered",
+            rank,
+            self.store.num_slots,
+            ", ".join(dirs),
+            self.backend,
+            len(self.store.recovered()),
+        )
+
+    def promote(self, copies: Sequence[SlotCopy]) -> set[ChunkKey]:
+        """Read each chunk from SSD into its CPU slot; returns the keys that failed (dropped)."""
+        ok = self.store.read([(c.key, c.ssd, self._view(c)) for c in copies])
+        return {c.key for c, good in zip(copies, ok, strict=True) if not good}
+
+    def demote(self, copies: Sequence[SlotCopy]) -> set[ChunkKey]:
+        """Write each CPU slot to its SSD slot, durably; returns the keys that failed."""
+        ok = self.store.write([(c.key, c.ssd, self._view(c)) for c in copies])
+        return {c.key for c, good in zip(copies, ok, strict=True) if not good}
+
+    def clear(self) -> None:
+        self.store.clear()
+
+    def close(self) -> None:
+        self.store.close()
+        self._io.close()
+
+    def _view(self, c: SlotCopy) -> memoryview:
+        return memoryview(self._pool.slot(c.cpu))

@@ -1,0 +1,122 @@
+"""The SSD tier inside vLLM's real Scheduler: write-back, promotion, restart, corruption, reset.
+
+The CPU tier holds 8 chunks here, so three 5-chunk prompts overflow it and the
+first one ends up on SSD; the harness's stand-in model makes every page a
+function of its prefix, so bytes served from SSD are checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from miniflex.connector import MiniFlexConnector
+from miniflex.ssd.store import DATA_FILE, rank_dirs
+from tests.connector.harness import BLOCK, Harness, make_harness
+
+CHUNK = 2 * BLOCK
+CHUNKS = 5
+SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
+
+
+def tokens(seed: int, n: int = CHUNKS * CHUNK + 10) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+
+
+def harness(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
+    return make_harness(
+        tmp_path / "model",
+        cpu_bytes=str(8 * SLOT),
+        extra={"ssd_dirs": str(ssd), "ssd_bytes": str(64 * SLOT), **extra},
+    )
+
+
+def totals(h: Harness) -> dict[str, float]:
+    stats = MiniFlexConnector.build_kv_connector_stats({})
+    for data in h.kv_stats:
+        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
+    return dict(stats.data)
+
+
+def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:
+    """Serve ``prompt`` with vLLM's copy dropped; returns tokens MiniFlex loaded (checked)."""
+    assert h.sched.reset_prefix_cache()
+    req = h.add(req_id, prompt, max_tokens=2)
+    for _ in range(5):  # load, its completion, then scheduling with the prefix computed
+        so = h.step()
+        new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
+        if new is not None:
+            break
+    assert new is not None, f"{req_id} was never scheduled"
+    assert h.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
+    h.run()
+    return new.num_computed_tokens
+
+
+@pytest.fixture
+def ssd(direct_dir: Path) -> Path:
+    return direct_dir
+
+
+def test_chunks_evicted_from_cpu_are_served_from_ssd_bit_exact(tmp_path: Path, ssd: Path) -> None:
+    h = harness(tmp_path, ssd)
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i))
+    t = totals(h)
+    assert t["demoted_chunks"] >= CHUNKS and t.get("ssd_write_failures", 0) == 0
+    assert serve_again(h, "again", tokens(0)) == CHUNKS * CHUNK
+    t = totals(h)
+    assert t["hit_tokens_ssd"] == CHUNKS * CHUNK and t["promoted_chunks"] == CHUNKS
+    assert any(key.startswith("ssd_jobs_") for key in t)  # the I/O backend is named
+    assert h.manager_side.manager.cpu.usage().pinned_or_moving == 0
+    h.worker.shutdown()
+
+
+def test_ssd_hits_survive_a_restart(tmp_path: Path, ssd: Path) -> None:
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.cached_in_miniflex_only("a", tokens(1))
+    h.run()  # write-through copies are queued after the store completes
+    assert totals(h)["demoted_chunks"] == CHUNKS
+    h.worker.shutdown()
+
+    h2 = harness(tmp_path, ssd, ssd_write="through")
+    assert h2.manager_side.manager.ssd is not None
+    assert len(h2.manager_side.manager.ssd) == CHUNKS
+    assert serve_again(h2, "b", tokens(1)) == CHUNKS * CHUNK
+    assert totals(h2)["hit_tokens_ssd"] == CHUNKS * CHUNK
+    h2.worker.shutdown()
+
+
+def test_a_corrupt_chunk_on_ssd_is_recomputed_and_dropped(tmp_path: Path, ssd: Path) -> None:
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.cached_in_miniflex_only("a", tokens(2))
+    h.run()
+    h.worker.shutdown()
+    # flip one byte of the third chunk on disk (SSD slots are handed out in order)
+    path = os.path.join(rank_dirs([str(ssd)], 0)[0], DATA_FILE)
+    with open(path, "r+b") as f:
+        f.seek(2 * SLOT + 100)
+        byte = f.read(1)
+        f.seek(2 * SLOT + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    h2 = harness(tmp_path, ssd)
+    loaded = serve_again(h2, "b", tokens(2))
+    assert loaded == 2 * CHUNK  # recomputed from the chunk that failed its checksum on
+    t = totals(h2)
+    assert t["ssd_read_failures"] == 1
+    assert len(h2.manager_side.manager.ssd or ()) == CHUNKS - 1  # dropped from the index
+    h2.worker.shutdown()
+
+
+def test_reset_forgets_ssd_chunks_durably(tmp_path: Path, ssd: Path) -> None:
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.cached_in_miniflex_only("a", tokens(3))
+    h.run()
+    assert h.sched.reset_prefix_cache(reset_connector=True)
+    h.run()  # the CLEAR job goes out with the next plan
+    h.worker.shutdown()
+    h2 = harness(tmp_path, ssd)
+    assert len(h2.manager_side.manager.ssd or ()) == 0
+    h2.worker.shutdown()

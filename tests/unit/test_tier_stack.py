@@ -1,0 +1,152 @@
+"""The CPU-over-SSD hierarchy's bookkeeping: lookups, promotion, demotion, failures."""
+
+from __future__ import annotations
+
+from miniflex.plan import SlotCopy
+from miniflex.tiers import TierStack
+from miniflex.types import ChunkKey, SlotId, Tier
+
+
+def k(i: int) -> ChunkKey:
+    return ChunkKey((i + 1) * 0x9E3779B97F4A7C15 % (1 << 128))
+
+
+def store(stack: TierStack, keys: list[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
+    placed = stack.prepare_store(keys)
+    stack.complete_store(placed, ok=True)
+    return placed
+
+
+def demote_all(stack: TierStack, failed: set[ChunkKey] | None = None) -> list[SlotCopy]:
+    copies = stack.take_demotions()
+    stack.complete_demotions(copies, failed or set())
+    return copies
+
+
+def pinned(stack: TierStack) -> tuple[int, int]:
+    assert stack.ssd is not None
+    return stack.cpu.usage().pinned_or_moving, stack.ssd.usage().pinned_or_moving
+
+
+def test_eviction_from_cpu_queues_a_write_back_of_the_victim() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=8)
+    placed = store(stack, [k(0), k(1)])
+    assert stack.take_demotions() == []
+    store(stack, [k(2)])  # evicts k(0), the least recently used
+    (copy,) = stack.take_demotions()
+    assert copy.key == k(0) and copy.cpu == dict(placed)[k(0)]
+    assert stack.match([k(0)]) == 0  # not visible anywhere until written
+    stack.complete_demotions([copy], set())
+    assert stack.ssd is not None and k(0) in stack.ssd and k(0) not in stack.cpu
+    assert stack.match([k(0), k(1), k(2)]) == 3  # a prefix across both tiers
+
+
+def test_failed_write_back_is_not_published() -> None:
+    stack = TierStack(cpu_slots=1, ssd_slots=4)
+    store(stack, [k(0)])
+    store(stack, [k(1)])
+    demote_all(stack, failed={k(0)})
+    assert stack.match([k(0)]) == 0
+    assert stack.ssd is not None and stack.ssd.usage().free == 4
+
+
+def test_match_alternates_between_tiers_and_stops_at_the_first_miss() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=8)
+    for i in range(4):
+        store(stack, [k(i)])
+        demote_all(stack)
+    # CPU holds k(2), k(3); SSD holds k(0), k(1)
+    assert stack.match([k(0), k(1), k(2), k(3), k(9), k(0)]) == 4
+    assert stack.match([k(2), k(0), k(3), k(1)]) == 4
+    assert stack.match([k(9), k(0)]) == 0
+
+
+def test_promotion_reads_into_a_fresh_cpu_slot_and_publishes_it() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=8)
+    for i in range(4):
+        store(stack, [k(i)])
+        demote_all(stack)
+    sources = stack.acquire([k(0), k(3)])
+    assert [s.tier for s in sources] == [Tier.SSD, Tier.CPU]
+    assert stack.ssd is not None and sources[0].ssd == stack.ssd.slot_of(k(0))
+    # promoting k(0) evicted k(2) (k(3) was pinned): its write-back is queued,
+    # its SSD slot pinned like k(0)'s for the read
+    assert pinned(stack) == (2, 2)
+    assert [c.key for c in demote_all(stack)] == [k(2)]
+    stack.release(sources, ok=True, bad_keys=set())
+    assert pinned(stack) == (0, 0)
+    assert k(0) in stack.cpu and k(0) in stack.ssd  # promoted; the SSD copy stays
+
+
+def test_a_corrupt_chunk_is_dropped_from_ssd_and_not_published_on_cpu() -> None:
+    stack = TierStack(cpu_slots=1, ssd_slots=4)
+    store(stack, [k(0)])
+    store(stack, [k(1)])
+    demote_all(stack)
+    sources = stack.acquire([k(0)])
+    stack.release(sources, ok=True, bad_keys={k(0)})
+    demote_all(stack)  # k(1), evicted to make room for the promotion
+    assert stack.match([k(0)]) == 0
+    assert stack.match([k(1)]) == 1
+    assert pinned(stack) == (0, 0)
+
+
+def test_promotion_without_a_free_cpu_slot_ends_the_load_and_unpins_the_rest() -> None:
+    stack = TierStack(cpu_slots=1, ssd_slots=8)
+    for i in range(3):
+        store(stack, [k(i)])
+        demote_all(stack)
+    # CPU: k(2); SSD: k(0), k(1). Load k(2) (pins the only CPU slot), then k(0), k(1).
+    sources = stack.acquire([k(2), k(0), k(1)])
+    assert [s.key for s in sources] == [k(2)]
+    assert pinned(stack) == (1, 0)
+    stack.release(sources, ok=True, bad_keys=set())
+    assert pinned(stack) == (0, 0)
+
+
+def test_promoting_never_evicts_a_chunk_of_the_same_load_from_a_full_ssd() -> None:
+    stack = TierStack(cpu_slots=1, ssd_slots=2)
+    for i in range(3):
+        store(stack, [k(i)])
+        demote_all(stack)
+    # CPU: k(2); SSD (full): k(0), k(1). Promoting k(0) evicts k(2) from CPU, whose
+    # write-back needs an SSD slot; k(0) and k(1) are pinned, so it is dropped. k(1)
+    # finds no CPU slot (k(0)'s is pinned): the load ends after k(0).
+    sources = stack.acquire([k(0), k(1)])
+    assert [s.key for s in sources] == [k(0)]
+    assert stack.take_demotions() == [] and stack.dropped_demotions == 1
+    stack.release(sources, ok=True, bad_keys=set())
+    assert stack.match([k(0), k(1)]) == 2
+
+
+def test_cancelled_promotion_frees_its_slot_unpublished() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=4)
+    store(stack, [k(0)])
+    store(stack, [k(1), k(2)])
+    demote_all(stack)
+    sources = stack.acquire([k(0)])
+    stack.cancel(sources)
+    demote_all(stack)  # k(1), evicted to make room for the promotion
+    assert pinned(stack) == (0, 0)
+    assert k(0) not in stack.cpu and stack.match([k(0)]) == 1  # still on SSD only
+
+
+def test_write_through_copies_every_stored_chunk_with_its_cpu_slot_pinned() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=4, write_through=True)
+    store(stack, [k(0), k(1)])
+    copies = stack.take_demotions()
+    assert [c.key for c in copies] == [k(0), k(1)]
+    assert pinned(stack) == (2, 2)
+    stack.complete_demotions(copies, set())
+    assert pinned(stack) == (0, 0)
+    store(stack, [k(2)])  # evicting k(0) writes nothing: SSD already holds it
+    assert [c.key for c in stack.take_demotions()] == [k(2)]
+
+
+def test_clear_forgets_both_tiers() -> None:
+    stack = TierStack(cpu_slots=1, ssd_slots=4)
+    store(stack, [k(0)])
+    store(stack, [k(1)])
+    demote_all(stack)
+    assert stack.clear() == 2
+    assert stack.match([k(0)]) == 0 and stack.match([k(1)]) == 0
