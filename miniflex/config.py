@@ -153,6 +153,7 @@ _EVICTION = ("lru", "fifo")
 _MOVERS = ("auto", "cpu", "kernel", "dma")
 _SSD_IO = ("auto", "io_uring", "threads")
 _SSD_WRITE = ("back", "through")
+_HIT_POLICIES = ("cost", "load", "cpu")
 
 
 def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
@@ -169,6 +170,19 @@ def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
     if len({os.path.realpath(d) for d in dirs}) != len(dirs):
         raise ConfigError(key, value, "expected distinct directories (one data file each)")
     return dirs
+
+
+def _parse_auto_float(key: str, value: object) -> float | None:
+    """``auto`` (None: measured) or a positive number."""
+    if value is None or value == "auto":
+        return None
+    try:
+        x = float(value) if isinstance(value, (int, float, str)) and value is not True else None
+    except ValueError:
+        x = None
+    if x is None or not x > 0 or x == float("inf"):
+        raise ConfigError(key, value, "expected 'auto' or a positive number")
+    return x
 
 
 def default_tune_cache(env: Mapping[str, str] | None = None) -> str:
@@ -269,6 +283,33 @@ _SPECS: dict[str, _Spec] = {
         "Eviction policy of the SSD tier: " + ", ".join(_EVICTION) + ".",
         "lru",
     ),
+    "hit_policy": _Spec(
+        lambda k, v: _parse_choice(k, v, _HIT_POLICIES),
+        "cost",
+        "Which resident chunks a request loads: `cost` (all CPU chunks; SSD chunks only while "
+        "loading them is predicted to be faster than recomputing, see docs/design.md), `load` "
+        "(everything resident), `cpu` (never SSD-only chunks: they are recomputed).",
+        "cost",
+    ),
+    "cpu_load_gbps": _Spec(
+        _parse_auto_float,
+        None,
+        "Cost model: CPU pool -> vLLM cache bandwidth in GB/s. `auto`: learned from loads.",
+        "auto",
+    ),
+    "ssd_read_gbps": _Spec(
+        _parse_auto_float,
+        None,
+        "Cost model: SSD -> CPU pool read bandwidth in GB/s. `auto`: learned from reads.",
+        "auto",
+    ),
+    "prefill_tokens_per_s": _Spec(
+        _parse_auto_float,
+        None,
+        "Cost model: a fixed prefill speed (tokens/s, no attention term) instead of the one "
+        "fitted to the engine's own forward times. `auto`: fitted.",
+        "auto",
+    ),
     "ssd_io": _Spec(
         lambda k, v: _parse_choice(k, v, _SSD_IO),
         "auto",
@@ -298,6 +339,10 @@ class MiniFlexConfig:
     ssd_write: str = field(default=_SPECS["ssd_write"].default)
     ssd_eviction: str = field(default=_SPECS["ssd_eviction"].default)
     ssd_io: str = field(default=_SPECS["ssd_io"].default)
+    hit_policy: str = field(default=_SPECS["hit_policy"].default)
+    cpu_load_gbps: float | None = field(default=_SPECS["cpu_load_gbps"].default)
+    ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
+    prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

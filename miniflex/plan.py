@@ -102,6 +102,8 @@ class TransferPlan:
     release: tuple[ReqId, ...] = ()
     preempted: tuple[ReqId, ...] = ()
     """Requests whose blocks vLLM freed this step: their stores must finish before compute."""
+    step: int = 0
+    """The engine step this plan belongs to (workers report its forward time by it)."""
 
     def jobs_of(self, kind: JobKind) -> tuple[TransferJob, ...]:
         return tuple(j for j in self.jobs if j.kind is kind)
@@ -123,3 +125,5 @@ class JobResult:
     """Chunks whose SSD read (LOAD) or write (DEMOTE) failed: corrupt, unreadable or disk full."""
     io: str = ""
     """The SSD I/O backend (``io_uring``, ``threads``) if the job touched SSD."""
+    ssd_seconds: float = 0.0
+    """LOAD: the part of ``seconds`` spent reading promotions from SSD."""

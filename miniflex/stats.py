@@ -36,6 +36,11 @@ class TransferStats:
     demoted_chunks: int = 0  # written CPU -> SSD (write-back or write-through)
     ssd_read_failures: int = 0  # checksum mismatch or I/O error: recomputed, dropped
     ssd_write_failures: int = 0  # disk full or I/O error: the chunk is not kept on SSD
+    cost_decisions: int = 0  # loads decided by the calibrated cost model
+    ssd_chunks_recomputed: int = 0  # resident on SSD, recomputed because that was faster
+    ttft_samples: int = 0  # decided requests whose TTFT was measured
+    ttft_predicted_s: float = 0.0
+    ttft_actual_s: float = 0.0
 
     _SUMMED = (
         "stored_tokens",
@@ -54,6 +59,11 @@ class TransferStats:
         "demoted_chunks",
         "ssd_read_failures",
         "ssd_write_failures",
+        "cost_decisions",
+        "ssd_chunks_recomputed",
+        "ttft_samples",
+        "ttft_predicted_s",
+        "ttft_actual_s",
     )
 
     def add_result(self, r: JobResult) -> None:

@@ -90,6 +90,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 self.num_slots,
                 compat.reporting_workers(vllm_config),
                 ssd_slots,
+                geometry.chunk_bytes,
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
@@ -144,6 +145,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         plan = self._plan()
         self.handler.wait_for(plan.preempted)
         self.handler.submit(plan, JobKind.LOAD)
+        self.handler.forward_started(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: requests wait in the scheduler, not in layers
@@ -157,7 +159,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
         # Stores are planned only for steps that compute, and vLLM calls this after
         # every forward (with speculative decoding, after the drafter's too).
         if self.has_connector_metadata():
-            self.handler.submit(self._plan(), JobKind.STORE)
+            plan = self._plan()
+            self.handler.forward_issued(plan)
+            self.handler.submit(plan, JobKind.STORE)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.has_connector_metadata():
@@ -172,7 +176,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
         results = self.handler.take_results()
-        return MiniFlexWorkerMeta(tuple(results)) if results else None
+        steps = self.handler.take_step_times()
+        return MiniFlexWorkerMeta(tuple(results), tuple(steps)) if results or steps else None
 
     def shutdown(self) -> None:
         if self._handler is not None:
@@ -216,6 +221,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, MiniFlexWorkerMeta):
             self.manager.on_results(meta.results)
+            self.manager.on_step_times(meta.step_seconds)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 import torch
 
 from miniflex.config import MiniFlexConfig
+from miniflex.connector.step_timer import StepTimer
 from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
@@ -73,6 +74,7 @@ class MiniFlexHandler:
         self._submitted: set[JobKind] = set()
         self._pinned = False
         self._ssd: SSDCopier | None = None
+        self._timer: StepTimer | None = None
 
     def register(
         self,
@@ -91,6 +93,7 @@ class MiniFlexHandler:
             self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
+        self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._thread = threading.Thread(target=self._run, name="miniflex-transfer", daemon=True)
         self._thread.start()
@@ -130,6 +133,19 @@ class MiniFlexHandler:
             self._pending.setdefault(job.req_id, []).append(fut)
             self._queue.put((job, fence, fut))
 
+    def forward_started(self, plan: TransferPlan) -> None:
+        """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
+        if self._timer is not None:
+            self._timer.start(plan.step)
+
+    def forward_issued(self, plan: TransferPlan) -> None:
+        if self._timer is not None:
+            self._timer.stop(plan.step)
+
+    def take_step_times(self) -> list[tuple[int, float]]:
+        """``(step, forward seconds)`` of the steps timed since the last call."""
+        return self._timer.take() if self._timer is not None else []
+
     def release_when_saved(self, plan: TransferPlan) -> None:
         """Report the plan's released requests as finished-sending once their stores are done."""
         self._release.update(plan.release)
@@ -159,6 +175,7 @@ class MiniFlexHandler:
         assert self._mover is not None
         t0 = time.perf_counter()
         io = self._ssd.backend if self._ssd is not None and job.ssd else ""
+        ssd_seconds = 0.0
         try:
             failed_keys: set[ChunkKey] = set()
             failed_blocks: list[BlockId] = list(job.unavailable)
@@ -167,6 +184,7 @@ class MiniFlexHandler:
                 chunks = job.chunks
                 if job.ssd:
                     failed_keys = self._copier().promote(job.ssd)
+                    ssd_seconds = time.perf_counter() - t0
                     bad = {c.cpu for c in job.ssd if c.key in failed_keys}
                     chunks = tuple(c for c in chunks if c.slot not in bad)
                     failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
@@ -196,6 +214,7 @@ class MiniFlexHandler:
             tuple(failed_blocks),
             tuple(failed_keys),
             io,
+            ssd_seconds,
         )
 
     def _copier(self) -> SSDCopier:

@@ -18,6 +18,7 @@ and never touches KV bytes. Per engine step:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.requests import PendingLoad, ReqState
+from miniflex.cost import make_cost_model
 from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import (
@@ -80,9 +82,15 @@ class MiniFlexManager:
         num_slots: int,
         num_workers: int = 1,
         ssd_slots: int = 0,
+        chunk_bytes: int = 0,
     ) -> None:
+        """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model)."""
         self.config = config
         self.ns = ns
+        self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens)
+        self._step = 0
+        self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
+        self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
         self.tiers = TierStack(
             num_slots,
             config.cpu_eviction,
@@ -146,18 +154,32 @@ class MiniFlexManager:
         """Tokens beyond ``num_computed`` that MiniFlex can load; no side effect on tiers."""
         st = self.state(req_id)
         st.num_computed_tokens = num_computed
+        st.num_prompt_tokens = num_tokens
         keys = self._keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
         hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
+        if hit and self.ssd is not None and self.config.hit_policy != "load":
+            hit = self._decide(st, keys[start : start + hit], num_tokens, num_computed)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         return max(0, end - num_computed)
+
+    def _decide(
+        self, st: ReqState, keys: Sequence[ChunkKey], num_tokens: int, num_computed: int
+    ) -> int:
+        """How many of the resident ``keys`` to load (``hit_policy`` cost or cpu)."""
+        tiers = self.tiers.residence(keys)
+        if self.config.hit_policy == "cpu":
+            return next((i for i, t in enumerate(tiers) if t is not Tier.CPU), len(tiers))
+        st.decision = self.cost.choose(tiers, num_tokens, num_computed)
+        return st.decision.load_chunks
 
     # ---- 2. allocation ----
     def on_alloc(self, req_id: ReqId, block_ids: Sequence[BlockId], num_external: int) -> None:
         """Pin the chunks to load into ``block_ids`` (the request's whole block table)."""
         st = self.state(req_id)
         st.block_ids = list(block_ids)
+        self._record_decision(st)
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
         ct = self.ns.chunk_tokens
@@ -165,6 +187,26 @@ class MiniFlexManager:
         keys = st.keys[first // ct : -(-end // ct)]
         st.load = PendingLoad(first, num_external, self.tiers.acquire(keys))
         self._to_load.append(req_id)
+
+    def _record_decision(self, st: ReqState) -> None:
+        """Count the cost model's decision for this request once, and start timing its TTFT."""
+        d = st.decision
+        if d is None or not d.calibrated or st.ttft_start is not None or st.decided:
+            return
+        st.decided = True
+        self.stats.cost_decisions += 1
+        self.stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
+        st.ttft_start = time.perf_counter()
+        logger.debug(
+            "MiniFlex %s: load %d of %d resident chunks, predicted TTFT %.1f ms "
+            "(load all %.1f ms, recompute %.1f ms)",
+            st.req_id,
+            d.load_chunks,
+            d.resident_chunks,
+            1e3 * d.predicted_s,
+            1e3 * d.load_all_s,
+            1e3 * d.recompute_s,
+        )
 
     # ---- 3. plans ----
     def build_plan(
@@ -187,8 +229,17 @@ class MiniFlexManager:
         loads = [j for r in self._to_load if (j := self._load_job(r)) is not None]
         self._to_load.clear()
         jobs: list[TransferJob] = []
+        self._step += 1
+        tokens, pairs = 0, 0.0
         for s in scheduled:
+            n, ctx = s.num_scheduled_tokens, s.num_computed_tokens
+            tokens += n
+            pairs += n * (ctx + n / 2)
             st = self.state(s.req_id)
+            if st.ttft_start is not None and ctx + n >= st.num_prompt_tokens:
+                self._ttft_pending.setdefault(self._step, []).append(s.req_id)
+                while len(self._ttft_pending) > 256:  # steps whose timing never came back
+                    del self._ttft_pending[next(iter(self._ttft_pending))]
             st.block_ids = (
                 list(s.block_ids) if s.replace_blocks else st.block_ids + list(s.block_ids)
             )
@@ -205,7 +256,37 @@ class MiniFlexManager:
             self._clear_ssd = False
             jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
-        return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted)
+        if tokens:
+            self._step_work[self._step] = (tokens, pairs)
+            while len(self._step_work) > 256:  # steps whose timing never came back
+                del self._step_work[next(iter(self._step_work))]
+        return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted, step=self._step)
+
+    def on_step_times(self, times: Iterable[tuple[int, float]]) -> None:
+        """Forward times the workers measured: calibrate the prefill model, close TTFTs."""
+        by_step: dict[int, float] = {}
+        for step, seconds in times:  # every TP rank reports every step: the slowest counts
+            by_step[step] = max(seconds, by_step.get(step, 0.0))
+        now = time.perf_counter()
+        for step, seconds in sorted(by_step.items()):
+            work = self._step_work.pop(step, None)
+            if work is not None:
+                self.cost.observe_step(work[0], work[1], seconds)
+            for req_id in self._ttft_pending.pop(step, ()):
+                st = self._reqs.get(req_id)
+                if st is None or st.ttft_start is None or st.decision is None:
+                    continue
+                actual = now - st.ttft_start
+                self.stats.ttft_samples += 1
+                self.stats.ttft_predicted_s += st.decision.predicted_s
+                self.stats.ttft_actual_s += actual
+                logger.debug(
+                    "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
+                    req_id,
+                    1e3 * actual,
+                    1e3 * st.decision.predicted_s,
+                )
+                st.ttft_start = None
 
     def _demote_job(self) -> TransferJob | None:
         copies = self.tiers.take_demotions()
@@ -301,6 +382,8 @@ class MiniFlexManager:
             rec.failed_blocks.update(r.failed_block_ids)
             rec.failed_keys.update(r.failed_keys)
             self.stats.add_result(r)
+            if r.kind is JobKind.LOAD and r.ok:
+                self._observe_load(rec, r)
             if rec.pending_reports > 0:
                 continue
             del self._jobs[r.job_id]
@@ -327,6 +410,12 @@ class MiniFlexManager:
                 self.stats.failed_jobs += 1
             if st is not None:
                 self._maybe_forget(st)
+
+    def _observe_load(self, rec: _Job, r: JobResult) -> None:
+        promoted = sum(1 for s in rec.sources if s.ssd is not None) - len(r.failed_keys)
+        if promoted > 0 and r.ssd_seconds > 0:
+            self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
+        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds)
 
     def _commit_load(self, rec: _Job) -> dict[str, int]:
         """Unpin and publish a finished load; returns the tokens vLLM won't recompute, per tier."""

@@ -26,7 +26,11 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     """Worker -> scheduler: jobs finished since the last step (one entry per rank)."""
 
     results: tuple[JobResult, ...]
+    step_seconds: tuple[tuple[int, float], ...] = ()
+    """``(step, forward seconds)`` measured by the worker (the cost model's prefill fit)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, MiniFlexWorkerMeta), type(other)
-        return MiniFlexWorkerMeta(self.results + other.results)
+        return MiniFlexWorkerMeta(
+            self.results + other.results, self.step_seconds + other.step_seconds
+        )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from miniflex.cost import Decision
 from miniflex.index import keys_to_array
 from miniflex.plan import JobId
 from miniflex.tiers import ChunkSource
@@ -35,6 +36,10 @@ class ReqState:
     """vLLM's block hash each key was derived from (the chunk's last block)."""
     block_ids: list[BlockId] = field(default_factory=list)
     num_computed_tokens: int = 0  # vLLM's hit at the last lookup
+    num_prompt_tokens: int = 0  # the request's length at the last lookup
+    decision: Decision | None = None  # the cost model's, at the last lookup
+    decided: bool = False  # the decision was counted in stats
+    ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
     load: PendingLoad | None = None
     load_job: JobId | None = None
     stored_chunks: int = 0  # leading chunks already stored, present or skipped

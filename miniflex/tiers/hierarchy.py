@@ -86,6 +86,18 @@ class TierStack:
             n += step
         return n
 
+    def residence(self, keys: Sequence[ChunkKey]) -> list[Tier]:
+        """The fastest tier of each leading resident key (stops at the first miss)."""
+        out: list[Tier] = []
+        for key in keys:
+            if key in self.cpu:
+                out.append(Tier.CPU)
+            elif self.ssd is not None and key in self.ssd:
+                out.append(Tier.SSD)
+            else:
+                break
+        return out
+
     # ---- loads ----
     def acquire(self, keys: Sequence[ChunkKey]) -> list[ChunkSource]:
         """Pin the leading resident ``keys`` for a load; may return fewer (never more).
@@ -95,14 +107,7 @@ class TierStack:
         evicts a chunk of the same load. A promotion that finds no free CPU
         slot (all pinned) ends the load there.
         """
-        where: list[Tier] = []
-        for key in keys:
-            if key in self.cpu:
-                where.append(Tier.CPU)
-            elif self.ssd is not None and key in self.ssd:
-                where.append(Tier.SSD)
-            else:
-                break
+        where = self.residence(keys)
         keys = list(keys)[: len(where)]
         pinned = {
             tier: iter(

@@ -120,3 +120,41 @@ def test_reset_forgets_ssd_chunks_durably(tmp_path: Path, ssd: Path) -> None:
     h2 = harness(tmp_path, ssd)
     assert len(h2.manager_side.manager.ssd or ()) == 0
     h2.worker.shutdown()
+
+
+def overflowed_to_ssd(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
+    """A harness whose first prompt, tokens(0), lives on SSD only."""
+    h = harness(tmp_path, ssd, **extra)
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i))
+    return h
+
+
+@pytest.mark.parametrize(
+    ("extra", "loaded", "recomputed_by_choice"),
+    [
+        ({"hit_policy": "load"}, CHUNKS * CHUNK, 0),
+        ({"hit_policy": "cpu"}, 0, 0),
+        # the cost model told that SSD is very slow and prefill very fast: recompute
+        ({"ssd_read_gbps": 1e-6, "prefill_tokens_per_s": 1e9}, 0, CHUNKS),
+        # ... and the other way round: load
+        ({"ssd_read_gbps": 1e3, "prefill_tokens_per_s": 10}, CHUNKS * CHUNK, 0),
+    ],
+    ids=["load", "cpu-only", "cost-recompute", "cost-load"],
+)
+def test_hit_policy_decides_whether_ssd_chunks_are_loaded(
+    tmp_path: Path, ssd: Path, extra: dict, loaded: int, recomputed_by_choice: int
+) -> None:
+    h = overflowed_to_ssd(tmp_path, ssd, **extra)
+    assert serve_again(h, "again", tokens(0)) == loaded
+    t = totals(h)
+    assert t.get("hit_tokens_ssd", 0) == loaded
+    assert t.get("ssd_chunks_recomputed", 0) == recomputed_by_choice
+    h.worker.shutdown()
+
+
+def test_workers_report_forward_times_to_the_cost_model(tmp_path: Path, ssd: Path) -> None:
+    h = harness(tmp_path, ssd)
+    h.cached_in_miniflex_only("a", tokens(5))
+    assert h.manager_side.manager.cost.observed_steps >= 1
+    h.worker.shutdown()

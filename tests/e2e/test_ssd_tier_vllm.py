@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from miniflex.connector.offline import evict_gpu_prefix_cache
 from tests.conftest import supports_direct
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 
@@ -68,3 +69,34 @@ def test_overflow_is_served_from_ssd_identically_and_survives_a_restart(
     assert again.miniflex_hit_tokens == hit
     assert again.hit_by_tier == {"ssd": hit}
     assert again.logprobs == cold[3].logprobs
+
+
+def test_cost_model_recomputes_a_slow_ssd_prefix_with_identical_output(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The cost-model path that skips SSD hits (told the disk is very slow) gives the same
+    output as the load path and as recompute; CPU hits are still taken."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    if not supports_direct(ssd):
+        pytest.skip("the pytest tmp dir does not support O_DIRECT")
+    config = {
+        "cpu_bytes": "4MiB",
+        "ssd_dirs": str(ssd),
+        "ssd_bytes": "64MiB",
+        "ssd_read_gbps": 1e-6,
+        "prefill_tokens_per_s": 1e9,
+    }
+    prompts = [prompt(300 + i, PROMPT_TOKENS) for i in range(6)]
+    llm = make_llm(tiny_model, KV_TOKENS, config)
+    try:
+        cold = [run(llm, p) for p in prompts]
+        warm = [run(llm, p) for p in prompts]  # round-robin: each left the CPU tier
+        evict_gpu_prefix_cache(llm)
+        last = run(llm, prompts[-1])  # just recomputed and stored: in the CPU tier
+    finally:
+        close(llm)
+    assert all("ssd" not in r.hit_by_tier for r in warm)
+    assert [r.logprobs for r in warm] == [r.logprobs for r in cold]
+    assert last.hit_by_tier == {"cpu": expected_hit(PROMPT_TOKENS)}
+    assert last.logprobs == cold[-1].logprobs

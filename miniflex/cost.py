@@ -1,0 +1,185 @@
+"""The cost model behind cost-aware hits: is loading a resident prefix faster than recomputing it?
+
+A request of ``T`` prompt tokens whose first ``h`` tokens vLLM already holds
+has a run of resident chunks after them, chunk ``i`` in tier ``t_i``. Loading
+the first ``L`` of them (asynchronously: the load completes, then vLLM
+computes the rest) predicts::
+
+    ttft(L) = sum_{i < L} load(t_i)
+              + prefill(n = T - h - L * chunk_tokens, ctx = h + L * chunk_tokens)
+
+    load(CPU) = chunk_bytes / bandwidth[CPU]                  (CPU -> vLLM's cache)
+    load(SSD) = chunk_bytes / bandwidth[SSD] + load(CPU)      (read, then the same copy)
+
+    prefill(n, ctx) = step + per_token * n + per_pair * n * (ctx + n / 2)
+
+``per_pair`` is the attention term: a new token attends to every earlier one,
+so recomputing late tokens costs more than early ones. :meth:`CostModel.choose`
+returns the ``L`` of least predicted TTFT, never fewer than the leading chunks
+held in CPU (a fast tier is always taken).
+
+Both halves are calibrated on the running engine:
+
+* bandwidths from every finished load (exponential moving average), per tier;
+* the prefill coefficients by least squares over the engine's recent steps
+  (:meth:`CostModel.observe_step`: scheduled tokens, query-key pairs and the
+  step's wall time), refitted every few steps.
+
+Until enough steps were seen the model is *uncalibrated* and everything
+resident is loaded (the behaviour without a cost model). Example::
+
+    model = CostModel(chunk_bytes=9 << 20, chunk_tokens=64)
+    model.choose([Tier.CPU, Tier.SSD, Tier.SSD], prompt_tokens=8192, gpu_hit=0)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from miniflex.config import MiniFlexConfig
+from miniflex.types import Tier
+
+__all__ = ["CostModel", "Decision", "PrefillFit", "make_cost_model"]
+
+MIN_STEPS = 8
+"""Prefill steps with at least :data:`MIN_TOKENS` tokens before the model is trusted."""
+MIN_TOKENS = 256
+WINDOW = 256
+REFIT_EVERY = 8
+EWMA = 0.3
+
+
+@dataclass(frozen=True)
+class PrefillFit:
+    """``prefill(n, ctx) = step + per_token * n + per_pair * n * (ctx + n / 2)`` (seconds)."""
+
+    step: float
+    per_token: float
+    per_pair: float
+
+    def seconds(self, n: int, ctx: int) -> float:
+        if n <= 0:
+            return 0.0
+        return self.step + self.per_token * n + self.per_pair * n * (ctx + n / 2)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`CostModel.choose` decided for one request (times in seconds)."""
+
+    load_chunks: int
+    resident_chunks: int
+    predicted_s: float
+    load_all_s: float
+    recompute_s: float
+    calibrated: bool
+
+
+class CostModel:
+    """Predicted load and prefill times; see the module docstring. Scheduler side, one thread."""
+
+    def __init__(
+        self,
+        chunk_bytes: int,
+        chunk_tokens: int,
+        bandwidth: dict[Tier, float] | None = None,
+        fixed_bandwidth: frozenset[Tier] = frozenset(),
+        prefill: PrefillFit | None = None,
+    ) -> None:
+        """``bandwidth``: starting bytes/s per tier (CPU: the copy into vLLM's cache; SSD:
+        the read into the CPU pool). Tiers in ``fixed_bandwidth`` keep theirs; a given
+        ``prefill`` is never refitted."""
+        self.chunk_bytes = chunk_bytes
+        self.chunk_tokens = chunk_tokens
+        self.bandwidth = {Tier.CPU: 10e9, Tier.SSD: 1e9, **(bandwidth or {})}
+        self._fixed_bw = fixed_bandwidth
+        self._fixed_prefill = prefill is not None
+        self.prefill = prefill
+        self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=WINDOW)
+        self._prefill_steps = 0
+        self._since_fit = 0
+        self.observed_steps = 0
+
+    @property
+    def calibrated(self) -> bool:
+        return self.prefill is not None
+
+    # ---- predictions ----
+    def chunk_load_seconds(self, tier: Tier) -> float:
+        copy = self.chunk_bytes / self.bandwidth[Tier.CPU]
+        return copy if tier is Tier.CPU else copy + self.chunk_bytes / self.bandwidth[tier]
+
+    def load_seconds(self, tiers: Sequence[Tier]) -> float:
+        return sum(self.chunk_load_seconds(t) for t in tiers)
+
+    def choose(self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int) -> Decision:
+        """How many of the resident chunks ``tiers`` (in prefix order) to load."""
+        n = len(tiers)
+        if self.prefill is None:
+            return Decision(n, n, 0.0, 0.0, 0.0, False)
+        fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
+        ct = self.chunk_tokens
+        load = self.load_seconds(tiers[:fast])
+        times: dict[int, float] = {}
+        for length in range(fast, n + 1):
+            if length > fast:
+                load += self.chunk_load_seconds(tiers[length - 1])
+            done = gpu_hit + length * ct
+            times[length] = load + self.prefill.seconds(prompt_tokens - done, done)
+        best = min(times, key=lambda length: (times[length], -length))
+        recompute = self.prefill.seconds(prompt_tokens - gpu_hit, gpu_hit)
+        return Decision(best, n, times[best], times[n], recompute, True)
+
+    # ---- calibration ----
+    def observe_load(self, tier: Tier, nbytes: int, seconds: float) -> None:
+        """A finished transfer: CPU, a copy into vLLM's cache; SSD, a read into the pool."""
+        if tier in self._fixed_bw or nbytes <= 0 or seconds <= 0:
+            return
+        old = self.bandwidth[tier]
+        self.bandwidth[tier] = (1 - EWMA) * old + EWMA * (nbytes / seconds)
+
+    def observe_step(self, tokens: int, pairs: float, seconds: float) -> None:
+        """One engine step: ``tokens`` computed, ``pairs`` query-key pairs, ``seconds`` wall."""
+        if self._fixed_prefill or tokens <= 0 or seconds <= 0:
+            return
+        self.observed_steps += 1
+        self._steps.append((1.0, float(tokens), float(pairs), seconds))
+        self._prefill_steps += tokens >= MIN_TOKENS
+        self._since_fit += 1
+        if self._prefill_steps >= MIN_STEPS and (
+            self.prefill is None or self._since_fit >= REFIT_EVERY
+        ):
+            self._fit()
+
+    def _fit(self) -> None:
+        self._since_fit = 0
+        data = np.array(self._steps)
+        x, y = data[:, :3], data[:, 3]
+        active = [0, 1, 2]
+        coef = np.zeros(3)
+        while active:  # least squares, dropping terms that come out negative
+            sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+            if (sol >= 0).all():
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))
+        if coef[1] <= 0 and coef[2] <= 0:
+            return  # no signal yet: keep the previous fit (or none)
+        self.prefill = PrefillFit(float(coef[0]), float(coef[1]), float(coef[2]))
+
+
+def make_cost_model(config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int) -> CostModel:
+    """The model with the overrides of ``config`` (``cpu_load_gbps``, ``ssd_read_gbps``,
+    ``prefill_tokens_per_s``) fixed and everything else learned."""
+    bandwidth, fixed = {}, set()
+    for tier, gbps in ((Tier.CPU, config.cpu_load_gbps), (Tier.SSD, config.ssd_read_gbps)):
+        if gbps is not None:
+            bandwidth[tier] = gbps * 1e9
+            fixed.add(tier)
+    tps = config.prefill_tokens_per_s
+    prefill = PrefillFit(0.0, 1.0 / tps, 0.0) if tps is not None else None
+    return CostModel(chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill)

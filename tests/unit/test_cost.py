@@ -1,0 +1,101 @@
+"""The cost model: which resident chunks to load, and its calibration from observations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from miniflex.config import MiniFlexConfig
+from miniflex.cost import CostModel, PrefillFit, make_cost_model
+from miniflex.types import Tier
+
+CHUNK_BYTES, CHUNK_TOKENS = 64 << 20, 64
+CPU, SSD = Tier.CPU, Tier.SSD
+
+
+def model(cpu_gbps: float, ssd_gbps: float, per_token: float, per_pair: float = 0.0) -> CostModel:
+    return CostModel(
+        CHUNK_BYTES,
+        CHUNK_TOKENS,
+        {CPU: cpu_gbps * 1e9, SSD: ssd_gbps * 1e9},
+        prefill=PrefillFit(0.001, per_token, per_pair),
+    )
+
+
+def test_uncalibrated_model_loads_everything_resident() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS)
+    d = m.choose([CPU, SSD, SSD], prompt_tokens=1000, gpu_hit=0)
+    assert (d.load_chunks, d.calibrated) == (3, False)
+
+
+def test_slow_ssd_is_recomputed_but_cpu_chunks_are_always_taken() -> None:
+    # 64 MiB per chunk at 1 GB/s = 67 ms to read; 64 tokens cost 64 us to recompute
+    m = model(cpu_gbps=50, ssd_gbps=1, per_token=1e-6)
+    d = m.choose([CPU, CPU, SSD, SSD], prompt_tokens=10 * CHUNK_TOKENS, gpu_hit=0)
+    assert d.load_chunks == 2
+    assert d.predicted_s < d.load_all_s
+    # even if recomputing the CPU chunks were cheaper, they are loaded
+    assert m.choose([CPU, CPU], prompt_tokens=1000, gpu_hit=0).load_chunks == 2
+
+
+def test_fast_ssd_is_loaded_when_recompute_costs_more() -> None:
+    m = model(cpu_gbps=50, ssd_gbps=10, per_token=1e-3)  # 64 ms to recompute a chunk
+    d = m.choose([SSD, SSD, CPU], prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0)
+    assert d.load_chunks == 3 and d.predicted_s < d.recompute_s
+
+
+def test_attention_term_makes_a_long_prefix_worth_loading() -> None:
+    # a Qwen3-8B-sized chunk (64 tokens x 144 KiB) read at 2 GB/s: about 5 ms each.
+    # Recomputing a short prefix is cheaper; for a long one the attention term wins.
+    def decide(chunks: int) -> int:
+        m = CostModel(
+            64 * 144 << 10,
+            CHUNK_TOKENS,
+            {CPU: 50e9, SSD: 2e9},
+            prefill=PrefillFit(0.001, 1e-5, 1e-8),
+        )
+        return m.choose([SSD] * chunks, chunks * CHUNK_TOKENS + 1, 0).load_chunks
+
+    assert decide(4) == 0
+    assert decide(400) == 400
+
+
+def test_prefill_fit_recovers_the_engine_coefficients() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS)
+    rng = np.random.default_rng(0)
+    truth = PrefillFit(0.002, 30e-6, 2e-10)
+    for _ in range(64):
+        n, ctx = int(rng.integers(256, 8192)), int(rng.integers(0, 30000))
+        pairs = n * (ctx + n / 2)
+        m.observe_step(n, pairs, truth.seconds(n, ctx) * (1 + rng.normal(0, 0.01)))
+    assert m.prefill is not None
+    assert m.prefill.per_token == pytest.approx(truth.per_token, rel=0.1)
+    assert m.prefill.per_pair == pytest.approx(truth.per_pair, rel=0.1)
+
+
+def test_decode_only_steps_do_not_calibrate() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS)
+    for _ in range(100):
+        m.observe_step(4, 4 * 1000.0, 0.01)
+    assert not m.calibrated
+
+
+def test_load_bandwidth_follows_observations_unless_fixed() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS, {CPU: 10e9}, fixed_bandwidth=frozenset({SSD}))
+    for _ in range(30):
+        m.observe_load(CPU, 1 << 30, (1 << 30) / 40e9)
+        m.observe_load(SSD, 1 << 30, 1.0)
+    assert m.bandwidth[CPU] == pytest.approx(40e9, rel=0.01)
+    assert m.bandwidth[SSD] == 1e9  # the default, kept
+
+
+def test_config_overrides_fix_the_model() -> None:
+    cfg = MiniFlexConfig.from_dict(
+        {"cpu_load_gbps": 20, "ssd_read_gbps": "0.5", "prefill_tokens_per_s": 10000}, env={}
+    )
+    m = make_cost_model(cfg, CHUNK_BYTES, CHUNK_TOKENS)
+    assert m.bandwidth == {CPU: 20e9, SSD: 0.5e9}
+    assert m.prefill == PrefillFit(0.0, 1e-4, 0.0)
+    m.observe_load(CPU, 1 << 30, 1.0)
+    m.observe_step(1000, 1e6, 5.0)
+    assert m.bandwidth[CPU] == 20e9 and m.prefill == PrefillFit(0.0, 1e-4, 0.0)
