@@ -28,6 +28,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from miniflex.gpu.tune import command
+
+    return command(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from miniflex.bench import run
+
+    return run(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from miniflex.connector.serve import serve
 
@@ -57,6 +69,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     srv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vllm serve arguments")
     srv.set_defaults(func=_serve)
+    tune = sub.add_parser(
+        "tune", help="time the GPU movers on a model's KV layout; store the fastest per GPU"
+    )
+    tune.add_argument("--model", required=True, help="model directory or its config.json")
+    tune.add_argument("--block-size", type=int, default=16, help="vLLM block size (tokens)")
+    tune.add_argument("--dtype", default="bfloat16", help="KV cache dtype (bfloat16, fp8, ...)")
+    tune.add_argument("--chunk-tokens", type=int, nargs="+", default=[64], help="chunk sizes")
+    tune.add_argument("--order", choices=("LBHNC", "LBNHC"), default="LBHNC", help="page order")
+    tune.add_argument("--tensor-parallel", type=int, default=1, help="TP size (KV heads/rank)")
+    tune.add_argument("--tokens-per-call", type=int, default=1024, help="tokens per timed call")
+    tune.add_argument("--ctas", type=int, nargs="+", help="kernel CTA counts to try")
+    tune.add_argument("--repeat", type=int, default=10, help="timed calls per direction")
+    tune.add_argument("--cache", help="tuning cache file (default: the tune_cache setting)")
+    tune.add_argument("--no-save", action="store_true", help="print only; leave the cache alone")
+    tune.set_defaults(func=_tune)
+    bench = sub.add_parser(
+        "bench", help="TTFT, overflow, mixed and overhead benchmarks: vLLM alone vs MiniFlex"
+    )
+    from miniflex.bench import add_arguments
+
+    add_arguments(bench)
+    bench.set_defaults(func=_bench)
     args, unknown = parser.parse_known_args(argv)
     if args.command == "serve":
         args.vllm_args = unknown + args.vllm_args  # everything after 'serve' goes to vLLM

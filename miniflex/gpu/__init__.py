@@ -1,1 +1,1 @@
-"""Worker-side movers between vLLM's KV cache and the CPU pool (torch; CuPy kernels later)."""
+"""Worker-side movers between vLLM's KV cache and the CPU pool: torch, CuPy kernel, DMA."""

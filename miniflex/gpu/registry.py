@@ -1,21 +1,61 @@
-"""The registry of movers: the one place that maps ``config.mover`` to a KVMover."""
+"""The registry of movers: the one place that maps ``config.mover`` to a KVMover.
+
+* ``cpu``: :class:`~miniflex.gpu.cpu_mover.TorchMover`, on any device;
+* ``kernel``: :class:`~miniflex.gpu.kernel_mover.KernelMover` (CUDA + CuPy);
+* ``dma``: :class:`~miniflex.gpu.dma_mover.DMAMover` (CUDA + cuda-bindings);
+* ``auto``: the tuning cache's winner for this GPU, layout and chunk size
+  (``miniflex tune`` writes it), else ``kernel`` where the KV cache is on
+  CUDA and CuPy is installed, else ``cpu``.
+
+The CUDA movers are imported only when chosen, so nothing here loads CuPy or
+``cuda.bindings`` on a machine without them.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Mapping
 
 import torch
 
-from miniflex.config import MiniFlexConfig
+from miniflex.config import MiniFlexConfig, default_tune_cache
 from miniflex.errors import ConfigError
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.gpu.tune_cache import TuneChoice, lookup, tune_key
 from miniflex.layout import KVLayout
 from miniflex.pool import HostPool
 
-__all__ = ["MOVERS", "make_mover"]
+__all__ = ["MOVERS", "cuda_mover_problem", "make_mover"]
 
-MOVERS = ("auto", "cpu")
+logger = logging.getLogger("miniflex.gpu")
+
+MOVERS = ("auto", "cpu", "kernel", "dma")
+_NEEDS = {
+    "kernel": ("cupy", "CuPy (pip install cupy-cuda13x, or cupy-cuda12x on CUDA 12)"),
+    "dma": ("cuda.bindings", "cuda-bindings (pip install cuda-bindings)"),
+}
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package ("cuda")
+        return False
+
+
+def cuda_mover_problem(name: str, on_cuda: bool) -> str | None:
+    """Why the CUDA mover ``name`` can't run here (a sentence), or None if it can."""
+    if not on_cuda:
+        return (
+            "the KV cache is in host memory (vLLM's CPU backend), where only the 'cpu' "
+            "mover applies"
+        )
+    module, package = _NEEDS[name]
+    if not _importable(module):
+        return f"the {name} mover needs {package}, which is not installed"
+    return None
 
 
 def make_mover(
@@ -26,6 +66,36 @@ def make_mover(
 ) -> KVMover:
     """Build the configured mover; ``auto`` picks the best one for where the KV cache lives."""
     name = config.mover
-    if name in ("auto", "cpu"):
+    if name not in MOVERS:
+        raise ConfigError("mover", name, "expected one of " + ", ".join(MOVERS))
+    on_cuda = all(t.is_cuda for t in kv_caches.values())
+    wants_tuning = name == "auto" or (name == "kernel" and not config.kernel_ctas)
+    tuned = _tuned(config, layout, kv_caches) if on_cuda and wants_tuning else None
+    if name == "auto":
+        name = tuned.mover if tuned else "kernel" if on_cuda else "cpu"
+        problem = cuda_mover_problem(name, on_cuda) if name != "cpu" else None
+        if problem:
+            logger.warning("MiniFlex mover 'auto': %s; using the 'cpu' mover", problem)
+            name = "cpu"
+        logger.info("MiniFlex mover 'auto' chose %r%s", name, " (tuned)" if tuned else "")
+    if name == "cpu":
         return TorchMover(layout, kv_caches, pool)
-    raise ConfigError("mover", name, "expected one of " + ", ".join(MOVERS))
+    problem = cuda_mover_problem(name, on_cuda)
+    if problem:
+        raise ConfigError("mover", config.mover, problem)
+    if name == "kernel":
+        from miniflex.gpu.kernel_mover import KernelMover
+
+        ctas = config.kernel_ctas or (tuned.ctas if tuned else None)
+        return KernelMover(layout, kv_caches, pool, ctas=ctas, vec=tuned.vec if tuned else None)
+    from miniflex.gpu.dma_mover import DMAMover
+
+    return DMAMover(layout, kv_caches, pool)
+
+
+def _tuned(
+    config: MiniFlexConfig, layout: KVLayout, kv_caches: Mapping[str, torch.Tensor]
+) -> TuneChoice | None:
+    device = next(iter(kv_caches.values())).device
+    key = tune_key(torch.cuda.get_device_name(device), layout)
+    return lookup(config.tune_cache or default_tune_cache(), key)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The benchmarks on the H200 machine, side by side: vLLM APC alone, vLLM's native
+# OffloadingConnector, MiniFlex's CPU tier, MiniFlex CPU+SSD. vLLM 0.26.0 must be importable
+# (on PYTHONPATH; the project root is added here); the model is the Qwen3-8B-shaped
+# config in bench/models/qwen3-8b-shape with dummy weights; vLLM's KV cache is limited with
+# num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
+#
+#   bash bench/run_h200.sh PART OUT_DIR        PART: ttft | overflow | mixed | all
+#
+# Each PART is one `miniflex bench` run that starts each configuration once (about 45-60 s
+# each, eager mode) and stays within about 9 minutes; `all` runs the three parts in a row.
+# Results: OUT_DIR/<workload>-h200.json and .png per workload, OUT_DIR/<part>.txt (the
+# tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
+# limit (LIMIT_S, default 500 s) still prints and writes what it measured, marked partial.
+# Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, EXTRA_ARGS (more
+# `miniflex bench` arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
+set -uo pipefail
+USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|all OUT_DIR"
+PART="${1:?$USAGE}"
+case "$PART" in ttft|overflow|mixed|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
+LIMIT_S="${LIMIT_S:-500}"
+
+VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
+if ! "$PY" -c "$VERSIONS"; then
+  echo "[run_h200] vLLM is not importable with $PY: put vLLM 0.26.0 on PYTHONPATH first" >&2
+  exit 2
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 || true
+
+COMMON=(
+  --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16
+  --max-num-batched-tokens 8192 --configs "$CONFIGS" --out-dir "$OUT" --tag h200
+)
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+
+run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
+  local name="$1" workloads="$2"
+  shift 2
+  echo "[run_h200] $(date +%T) $name: miniflex bench $workloads $*"
+  timeout -s INT -k 60 "$LIMIT_S" \
+    "$PY" -m miniflex.cli bench "$workloads" "$@" "${COMMON[@]}" "${EXTRA[@]}" \
+    > "$OUT/$name.txt" 2> "$OUT/$name.log"
+  local rc=$?
+  grep '^\[bench' "$OUT/$name.log" | tail -n 50
+  cat "$OUT/$name.txt"
+  if [ "$rc" -ne 0 ]; then
+    echo "[run_h200] $name exited with status $rc; the end of $OUT/$name.log:"
+    grep -v '^\[bench' "$OUT/$name.log" | tail -n 40
+  fi
+  echo "[run_h200] $(date +%T) $name done (status $rc)"
+  return "$rc"
+}
+
+case "$PART" in
+  ttft)  # 2100 blocks = 33,600 tokens: one 30k prompt fits, and so does its GPU-hit rerun
+    run_part ttft ttft --gpu-blocks 2100 --ttft-prompts 1024,8192,30000 --repeat 3 ;;
+  overflow)  # 1024 blocks = 16,384 tokens; 4k-token prompts: 2 to 12 of them
+    run_part overflow overflow --gpu-blocks 1024 --overflow-prompt-tokens 4096 \
+      --overflow-ratios 0.5,1,1.5,2,3 ;;
+  mixed)  # 4 shared 8k prefixes = 2x the 16k-token KV cache; then the no-reuse overhead run
+    run_part mixed mixed,overhead --gpu-blocks 1024 --mixed-prefixes 4 \
+      --mixed-prefix-tokens 8192 --mixed-suffix-tokens 128 --mixed-short-tokens 256 \
+      --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 80 --mixed-max-tokens 8 \
+      --overhead-prompts 32 --overhead-prompt-tokens 2048 --overhead-max-tokens 16 \
+      --overhead-serial 8 --overhead-rounds 2 ;;
+  all)
+    status=0
+    for p in ttft overflow mixed; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    exit "$status" ;;
+  *)
+    echo "$USAGE" >&2
+    exit 2 ;;
+esac

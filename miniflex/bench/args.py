@@ -1,0 +1,107 @@
+"""The command line of ``miniflex bench``: every option, with its default.
+
+Defaults are sized for an 8B-class model on one large GPU; ``bench/run_h200.sh``
+and the tests pass their own. Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from miniflex.bench.configs import CONFIGS
+
+__all__ = ["WORKLOADS", "add_arguments"]
+
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add every ``miniflex bench`` option to ``p`` (the ``bench`` subparser)."""
+    p.add_argument("workloads", help="ttft, overflow, mixed, overhead, or several comma-separated")
+    _engines(p.add_argument_group("engines"))
+    _tiers(p.add_argument_group("tiers (default: sized from the workloads)"))
+    _workloads(p.add_argument_group("workloads"))
+    o = p.add_argument_group("output")
+    o.add_argument("--out-dir", default="bench/results", help="JSON and PNG per workload")
+    o.add_argument("--tag", default="", help="file name suffix: <workload>-<tag>.json")
+    o.add_argument("--json", help="JSON path (one workload only; the PNG goes beside it)")
+    o.add_argument(
+        "--dry-run", action="store_true", help="check the arguments, print the engine settings"
+    )
+
+
+def _engines(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--configs",
+        default="apc,native,miniflex-cpu,miniflex-ssd",
+        help="offline: side by side, one at a time: " + ", ".join(CONFIGS),
+    )
+    g.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="drive running OpenAI-compatible servers instead (repeatable)",
+    )
+    g.add_argument(
+        "--model",
+        help="model directory (offline: required; with --url: for the vocabulary and KV size)",
+    )
+    g.add_argument("--load-format", default="auto", help="'dummy' for random weights")
+    g.add_argument(
+        "--block-size", type=int, default=16, help="vLLM block size (CPU backend: multiple of 32)"
+    )
+    g.add_argument("--gpu-blocks", type=int, help="vLLM KV capacity in blocks (offline: required)")
+    g.add_argument("--max-model-len", type=int, help="default: the longest prompt + 64")
+    g.add_argument("--max-num-seqs", type=int, default=16)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+
+
+def _tiers(t: argparse._ArgumentGroup) -> None:
+    t.add_argument(
+        "--cpu-bytes", help="MiniFlex CPU tier = the native connector's cpu_bytes_to_use"
+    )
+    t.add_argument("--ssd-cpu-bytes", help="miniflex-ssd: CPU tier in front of the SSD tier")
+    t.add_argument("--ssd-bytes", help="miniflex-ssd: SSD tier size")
+    t.add_argument(
+        "--ssd-dir",
+        help="miniflex-ssd: a fresh directory is made (and removed) in it; default /var/tmp",
+    )
+    t.add_argument("--blocks-per-chunk", type=int, help="MiniFlex chunk in blocks (default: auto)")
+
+
+def _workloads(w: argparse._ArgumentGroup) -> None:
+    w.add_argument("--ttft-prompts", type=_ints, default=(1024, 8192, 30000), help="prompt lengths")
+    w.add_argument("--repeat", type=int, default=1, help="ttft: fresh prompts per length (median)")
+    w.add_argument("--overflow-prompt-tokens", type=int, default=4096)
+    w.add_argument(
+        "--overflow-ratios",
+        type=_floats,
+        default=(0.5, 1.0, 1.5, 2.0, 3.0),
+        help="working set / vLLM KV capacity",
+    )
+    w.add_argument("--overflow-passes", type=int, default=2, help="the first only fills the caches")
+    w.add_argument("--mixed-prefixes", type=int, default=4)
+    w.add_argument("--mixed-prefix-tokens", type=int, default=8192)
+    w.add_argument("--mixed-suffix-tokens", type=int, default=128)
+    w.add_argument("--mixed-short-tokens", type=int, default=256)
+    w.add_argument("--mixed-long-fraction", type=float, default=0.5)
+    w.add_argument("--mixed-rate", type=float, default=4.0, help="requests per second (Poisson)")
+    w.add_argument("--mixed-requests", type=int, default=80)
+    w.add_argument("--mixed-max-tokens", type=int, default=8)
+    w.add_argument("--overhead-prompts", type=int, default=32, help="batch of unique prompts")
+    w.add_argument("--overhead-prompt-tokens", type=int, default=2048)
+    w.add_argument("--overhead-max-tokens", type=int, default=16)
+    w.add_argument("--overhead-serial", type=int, default=8, help="unique prompts one at a time")
+    w.add_argument("--overhead-rounds", type=int, default=2, help="batch rounds (best counts)")
+    w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
+    w.add_argument("--vocab-size", type=int, default=32000, help="with --url and no --model")

