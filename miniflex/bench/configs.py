@@ -7,6 +7,9 @@
 ``miniflex-cpu`` MiniFlex, pinned CPU tier of ``cpu_bytes``
 ``miniflex-ssd`` MiniFlex, CPU tier of ``ssd_cpu_bytes`` (smaller than the
                  working set) over an SSD tier of ``ssd_bytes`` in ``ssd_dir``
+``native-fs``    vLLM's ``OffloadingConnector`` with ``TieringOffloadingSpec``:
+                 a CPU tier of ``ssd_cpu_bytes`` over an ``fs`` tier in
+                 ``ssd_dir``/native-fs; CUDA only
 ``lmcache``      never run: LMCache cannot be installed on the benchmark GPU
                  machine (it has no package index); listed so that results
                  say it was left out
@@ -98,6 +101,24 @@ def _native(t: TierSizes) -> dict[str, Any]:
     }
 
 
+def _native_fs(t: TierSizes) -> dict[str, Any]:
+    # vLLM 0.26's TieringOffloadingSpec: the CPU tier of CPUOffloadingSpec plus
+    # secondary tiers; the "fs" tier takes root_dir (one file per block).
+    if not t.ssd_dir:
+        raise ConfigError("--ssd-dir", t.ssd_dir, "a directory for the fs tier's files")
+    extra = {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": t.ssd_cpu_bytes,
+        "block_size": t.chunk_tokens,
+        "secondary_tiers": [{"type": "fs", "root_dir": f"{t.ssd_dir}/native-fs"}],
+    }
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
 def _miniflex_cpu(t: TierSizes) -> dict[str, Any]:
     return {**MINIFLEX, "kv_connector_extra_config": t.miniflex_extra(cpu_bytes=t.cpu_bytes)}
 
@@ -131,6 +152,13 @@ CONFIGS: dict[str, EngineConfig] = {
             Connector.MINIFLEX,
             "MiniFlex, small CPU tier + SSD tier",
             _miniflex_ssd,
+        ),
+        EngineConfig(
+            "native-fs",
+            Connector.NATIVE,
+            "vLLM OffloadingConnector, small CPU tier + fs tier",
+            _native_fs,
+            needs_cuda=True,
         ),
         EngineConfig(
             "lmcache",

@@ -137,6 +137,13 @@ class MiniFlexConnector(KVConnectorBase_V1):
         assert isinstance(meta, MiniFlexMetadata)
         return meta.plan
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        # vLLM binds the step's metadata before the forward and calls wait_for_save
+        # after it (start_load_kv may come after the forward): time the forward from here.
+        super().bind_connector_metadata(connector_metadata)
+        if self._handler is not None and isinstance(connector_metadata, MiniFlexMetadata):
+            self._handler.forward_started(connector_metadata.plan)
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, MiniFlexMetadata):
             self.handler.wait_for(kv_connector_metadata.plan.preempted)
@@ -145,7 +152,6 @@ class MiniFlexConnector(KVConnectorBase_V1):
         plan = self._plan()
         self.handler.wait_for(plan.preempted)
         self.handler.submit(plan, JobKind.LOAD)
-        self.handler.forward_started(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: requests wait in the scheduler, not in layers

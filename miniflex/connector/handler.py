@@ -2,11 +2,14 @@
 
 It runs in each vLLM worker process and owns the bytes: the CPU pool, a
 mover bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD store.
-Jobs run on one transfer thread in plan order, so a load never overtakes a
-store of the same slot:
+GPU jobs run on one transfer thread in plan order, so a load never overtakes a
+store of the same slot. Writes to SSD (demotions, and clearing the store) run
+on a second thread, in plan order too, so a slow disk never holds up GPU
+copies:
 
-* demotions (CPU slot -> SSD) are queued with the loads, before them, so a
-  slot is on its way to SSD before a promotion or store reuses it;
+* a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
+  queued, before the jobs of the same plan; a store or promotion into that
+  slot waits for it (only then may the slot be overwritten);
 * loads are queued at ``start_load_kv`` (before the step's forward); they go
   into blocks of requests that wait for them, which no forward touches;
 * stores are queued at ``wait_for_save`` (after the forward that computed
@@ -40,11 +43,13 @@ from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ssd.copier import SSDCopier
-from miniflex.types import BlockId, ChunkKey, ReqId
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
 __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
+
+_Item = tuple[TransferJob, object, "Future[JobResult]"]
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -60,10 +65,10 @@ class MiniFlexHandler:
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None
-        self._queue: queue.Queue[tuple[TransferJob, object, Future[JobResult]] | None] = (
-            queue.Queue()
-        )
-        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies (and promotions)
+        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes
+        self._threads: list[threading.Thread] = []
+        self._demoting: dict[SlotId, Future[JobResult]] = {}  # CPU slot -> its demotion
         self._lock = threading.Lock()
         self._done: list[JobResult] = []
         self._pending: dict[ReqId, list[Future[JobResult]]] = {}
@@ -95,8 +100,10 @@ class MiniFlexHandler:
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
-        self._thread = threading.Thread(target=self._run, name="miniflex-transfer", daemon=True)
-        self._thread.start()
+        for name, q in (("miniflex-transfer", self._queue), ("miniflex-ssd", self._ssd_queue)):
+            thread = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         logger.info(
             "MiniFlex worker: %s layout, %d CPU slots of %d bytes (%.2f GiB%s), chunk %d tokens",
             self.layout.name,
@@ -128,10 +135,17 @@ class MiniFlexHandler:
         group = _GROUPS[kind]
         jobs = [job for job in plan.jobs if job.kind in group]
         fence = self._mover.fence() if jobs else None
+        with self._lock:
+            self._demoting = {s: f for s, f in self._demoting.items() if not f.done()}
         for job in jobs:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
-            self._queue.put((job, fence, fut))
+            if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
+                with self._lock:
+                    self._demoting.update((c.cpu, fut) for c in job.ssd)
+                self._ssd_queue.put((job, fence, fut))
+            else:
+                self._queue.put((job, fence, fut))
 
     def forward_started(self, plan: TransferPlan) -> None:
         """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
@@ -166,13 +180,25 @@ class MiniFlexHandler:
             for fut in list(self._pending.get(r, ())):
                 fut.result()
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+    def _run(self, jobs: queue.Queue[_Item | None]) -> None:
+        while (item := jobs.get()) is not None:
             job, fence, fut = item
             fut.set_result(self._execute(job, fence))
 
+    def _await_demotions(self, slots: set[SlotId]) -> None:
+        """Wait until the CPU slots about to be overwritten have been written to SSD."""
+        with self._lock:
+            waits = [f for s, f in self._demoting.items() if s in slots]
+        for fut in waits:
+            fut.result()
+
     def _execute(self, job: TransferJob, fence: object) -> JobResult:
         assert self._mover is not None
+        # Slots this job overwrites must first reach SSD; that wait is not transfer time.
+        if job.kind is JobKind.STORE:
+            self._await_demotions({c.slot for c in job.chunks})
+        elif job.kind is JobKind.LOAD and job.ssd:
+            self._await_demotions({c.cpu for c in job.ssd})
         t0 = time.perf_counter()
         io = self._ssd.backend if self._ssd is not None and job.ssd else ""
         ssd_seconds = 0.0
@@ -254,11 +280,13 @@ class MiniFlexHandler:
         return out
 
     def shutdown(self) -> None:
-        if self._thread is not None:
+        if self._threads:
             self.drain()
             self._queue.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+            self._ssd_queue.put(None)
+            for thread in self._threads:
+                thread.join(timeout=30)
+            self._threads = []
         if self._pool is not None:
             if self._pinned:
                 pinning.unpin(self._pool.address)

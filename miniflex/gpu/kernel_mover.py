@@ -28,12 +28,13 @@ from miniflex.pool import HostPool
 
 __all__ = ["DEFAULT_CTAS", "THREADS", "UNROLL", "KernelMover", "compiled_kernel"]
 
-DEFAULT_CTAS = 4
+DEFAULT_CTAS = 2
 """CTAs per launch when neither ``kernel_ctas`` nor the tuning cache says otherwise.
 
-On an H200, 4 CTAs move as much as 16 (PCIe is the limit) while a bf16
-matmul running beside them slows by 4-14% (two runs) instead of about 50%
-(docs/gpu.md).
+On an H200, 2 CTAs move within about 2% of what 4 or 16 move (PCIe is the
+limit) while a bf16 matmul running beside them is not measurably slower; with
+4 it slowed by 4-14%, with 16 by about 50% (docs/gpu.md). With 4, a batch of
+long prompts with no reuse ran 15% below vLLM alone, every chunk being stored.
 """
 
 THREADS = 512

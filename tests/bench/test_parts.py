@@ -24,7 +24,9 @@ TIERS = TierSizes(
 
 
 def test_unknown_configuration_lists_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="apc, native, miniflex-cpu, miniflex-ssd, lmcache"):
+    with pytest.raises(
+        ConfigError, match="apc, native, miniflex-cpu, miniflex-ssd, native-fs, lmcache"
+    ):
         parse_configs("apc,vllm-magic")
     assert [c.name for c in parse_configs("miniflex-cpu, apc")] == ["miniflex-cpu", "apc"]
 

@@ -56,7 +56,10 @@ def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:
 
 
 @pytest.fixture
-def ssd(direct_dir: Path) -> Path:
+def ssd(direct_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # Restarts must see the same block hashes: vLLM 0.26 seeds them randomly per
+    # process (here: per harness) unless PYTHONHASHSEED is set.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
     return direct_dir
 
 
