@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -25,16 +26,23 @@ def supports_direct(directory: Path) -> bool:
     return True
 
 
-@pytest.fixture
-def direct_dir(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory whose file system accepts O_DIRECT (tmp_path, else /var/tmp)."""
-    if supports_direct(tmp_path):
-        yield tmp_path
+@contextlib.contextmanager
+def o_direct_dir(preferred: Path) -> Iterator[Path]:
+    """``preferred`` if its file system accepts O_DIRECT, else a fresh dir in /var/tmp."""
+    if supports_direct(preferred):
+        yield preferred
         return
     fallback = Path(tempfile.mkdtemp(prefix="miniflex-ssd-", dir="/var/tmp"))
     try:
         if not supports_direct(fallback):
-            pytest.skip("neither the pytest tmp dir nor /var/tmp supports O_DIRECT")
+            pytest.skip(f"neither {preferred} nor /var/tmp supports O_DIRECT")
         yield fallback
     finally:
         shutil.rmtree(fallback, ignore_errors=True)
+
+
+@pytest.fixture
+def direct_dir(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory whose file system accepts O_DIRECT (tmp_path, else /var/tmp)."""
+    with o_direct_dir(tmp_path) as path:
+        yield path

@@ -38,11 +38,11 @@ from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.gpu.registry import cuda_mover_problem
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks
 from miniflex.gpu.synthetic import synthetic_caches as make_caches
-from miniflex.gpu.table import format_table
 from miniflex.gpu.tune_cache import TuneChoice, tune_key, write_choice
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
+from miniflex.table import format_table
 
 __all__ = [
     "TOLERANCE",

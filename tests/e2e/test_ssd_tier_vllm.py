@@ -9,15 +9,13 @@ on SSD without having computed anything.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from miniflex.connector.offline import evict_gpu_prefix_cache
-from tests.conftest import supports_direct
+from tests.conftest import o_direct_dir
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 
 PROMPT_TOKENS = 1000
@@ -27,17 +25,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def ssd_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("ssd")
-    if supports_direct(path):
+    with o_direct_dir(tmp_path_factory.mktemp("ssd")) as path:
         yield path
-        return
-    fallback = Path(tempfile.mkdtemp(prefix="miniflex-e2e-ssd-", dir="/var/tmp"))
-    try:
-        if not supports_direct(fallback):
-            pytest.skip("no O_DIRECT-capable directory for the SSD tier")
-        yield fallback
-    finally:
-        shutil.rmtree(fallback, ignore_errors=True)
 
 
 def test_overflow_is_served_from_ssd_identically_and_survives_a_restart(
@@ -76,10 +65,11 @@ def test_cost_model_recomputes_a_slow_ssd_prefix_with_identical_output(
 ) -> None:
     """The cost-model path that skips SSD hits (told the disk is very slow) gives the same
     output as the load path and as recompute; CPU hits are still taken."""
-    ssd = tmp_path / "ssd"
-    ssd.mkdir()
-    if not supports_direct(ssd):
-        pytest.skip("the pytest tmp dir does not support O_DIRECT")
+    with o_direct_dir(tmp_path) as ssd:
+        _recompute_slow_ssd(tiny_model, ssd)
+
+
+def _recompute_slow_ssd(tiny_model: Path, ssd: Path) -> None:
     config = {
         "cpu_bytes": "4MiB",
         "ssd_dirs": str(ssd),

@@ -11,9 +11,9 @@ import torch
 from miniflex.cli import main
 from miniflex.errors import ConfigError
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks, synthetic_caches
-from miniflex.gpu.table import format_table
 from miniflex.gpu.tune import Candidate, Timing, pick_winner
 from miniflex.layout import layout_from_tensors
+from miniflex.table import format_table
 
 QWEN = Path(__file__).parents[2] / "bench" / "models" / "qwen3-8b-shape"
 
