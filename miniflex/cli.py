@@ -1,4 +1,4 @@
-"""The ``miniflex`` command line: ``miniflex demo`` (more subcommands arrive with their issues)."""
+"""The ``miniflex`` command line: demo, serve, bench, tune and inspect."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from miniflex.inspect import inspect_status
+
+    print(inspect_status(args.status_file))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from miniflex.connector.serve import serve
 
@@ -69,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     srv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vllm serve arguments")
     srv.set_defaults(func=_serve)
+    insp = sub.add_parser(
+        "inspect", help="print a running engine's tiers, cost model and counters (status_file)"
+    )
+    insp.add_argument("status_file", help="the file configured as status_file")
+    insp.set_defaults(func=_inspect)
     tune = sub.add_parser(
         "tune", help="time the GPU movers on a model's KV layout; store the fastest per GPU"
     )

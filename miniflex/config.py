@@ -310,6 +310,13 @@ _SPECS: dict[str, _Spec] = {
         "fitted to the engine's own forward times. `auto`: fitted.",
         "auto",
     ),
+    "status_file": _Spec(
+        lambda k, v: _parse_path(k, v),
+        None,
+        "Write the scheduler's live state (tiers, cost model, cumulative counters) to this "
+        "JSON file every 2 s, atomically; `miniflex inspect FILE` prints it. Empty: off.",
+        "",
+    ),
     "ssd_io": _Spec(
         lambda k, v: _parse_choice(k, v, _SSD_IO),
         "auto",
@@ -343,6 +350,7 @@ class MiniFlexConfig:
     cpu_load_gbps: float | None = field(default=_SPECS["cpu_load_gbps"].default)
     ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
     prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)
+    status_file: str | None = field(default=_SPECS["status_file"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -31,6 +31,7 @@ from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.stats import MiniFlexConnectorStats
+from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import Namespace
 from miniflex.plan import JobKind, TransferPlan
@@ -78,6 +79,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None
         self._requests: dict[ReqId, Any] = {}
+        self._status: StatusWriter | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 # A cache miss must never fail a request: recompute what could not be loaded.
@@ -93,6 +95,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 geometry.chunk_bytes,
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
+            if self.config.status_file:
+                self._status = StatusWriter(self.config.status_file, self._manager.status)
             if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
                 logger.warning(
                     "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
@@ -188,6 +192,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.shutdown()
+        if self._status is not None:
+            self._status.maybe_write(now=float("inf"))  # the final state
 
     # ---------------- scheduler side ----------------
     @property
@@ -221,6 +227,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             if s.req_id in self._requests
         }
         plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
+        if self._status is not None:
+            self._status.maybe_write()
         return MiniFlexMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -271,8 +279,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
         if self._manager is None or self._manager.stats.is_empty():
             return None
-        stats, self._manager.stats = self._manager.stats, type(self._manager.stats)()
-        return MiniFlexConnectorStats(data=stats.as_counters())
+        return MiniFlexConnectorStats(data=self._manager.take_stats().as_counters())
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MiniFlexConnectorStats:

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,8 @@ class MiniFlexManager:
         self._to_load: list[ReqId] = []
         self._release: list[ReqId] = []
         self._clear_ssd = False
-        self.stats = TransferStats()
+        self.stats = TransferStats()  # since the last get_kv_connector_stats
+        self.totals = TransferStats()  # before that
 
     @property
     def cpu(self) -> SlotTier:
@@ -464,6 +466,49 @@ class MiniFlexManager:
             return True
         self._maybe_forget(st)
         return False
+
+    def take_stats(self) -> TransferStats:
+        """The counters since the last call (vLLM's stats interval); totals keep them."""
+        out, self.stats = self.stats, TransferStats()
+        self.totals.merge(out)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """Tiers, the cost model and cumulative counters (``miniflex inspect``'s view)."""
+        tiers = [self.cpu.usage()] + ([self.ssd.usage()] if self.ssd is not None else [])
+        cost = self.cost
+        prefill = cost.prefill
+        return {
+            "namespace": self.ns.digest.hex(),
+            "chunk_tokens": self.ns.chunk_tokens,
+            "tiers": [
+                {
+                    "tier": u.tier.name.lower(),
+                    "slots": u.num_slots,
+                    "resident": u.resident,
+                    "pinned_or_moving": u.pinned_or_moving,
+                    "free": u.free,
+                    "evictions": u.evictions,
+                }
+                for u in tiers
+            ],
+            "cost_model": {
+                "hit_policy": self.config.hit_policy,
+                "calibrated": cost.calibrated,
+                "observed_steps": cost.observed_steps,
+                "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
+                "prefill": None
+                if prefill is None
+                else {
+                    "step_s": prefill.step,
+                    "per_token_s": prefill.per_token,
+                    "per_pair_s": prefill.per_pair,
+                },
+            },
+            "requests_tracked": len(self._reqs),
+            "jobs_in_flight": len(self._jobs),
+            "totals": TransferStats().merge(self.totals).merge(self.stats).as_counters(),
+        }
 
     def reset(self) -> int:
         """Forget every chunk in every tier; the workers clear their SSD stores in plan order."""
