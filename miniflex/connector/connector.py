@@ -30,6 +30,7 @@ from miniflex.connector import compat, ssd_tier
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
+from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.stats import MiniFlexConnectorStats
 from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
@@ -280,6 +281,16 @@ class MiniFlexConnector(KVConnectorBase_V1):
         if self._manager is None or self._manager.stats.is_empty():
             return None
         return MiniFlexConnectorStats(data=self._manager.take_stats().as_counters())
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> MiniFlexPromMetrics:
+        return MiniFlexPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MiniFlexConnectorStats:

@@ -102,3 +102,26 @@ def test_prompt_evicted_by_other_traffic_comes_back_from_miniflex(server: str) -
     again = complete(server, prompt(11, PROMPT_TOKENS))
     assert again["kv_transfer_params"]["miniflex"]["hit_tokens"] == expected_hit(PROMPT_TOKENS)
     assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+    assert again["kv_transfer_params"]["miniflex"]["hit_tokens_cpu"] == expected_hit(PROMPT_TOKENS)
+
+
+def test_metrics_endpoint_shows_miniflex_counters(server: str) -> None:
+    """Prometheus sees MiniFlex's counters (vLLM publishes them every stats interval)."""
+    tokens = prompt(31, PROMPT_TOKENS)
+    complete(server, tokens)
+    for i in range(5):
+        complete(server, prompt(40 + i, PROMPT_TOKENS))
+    complete(server, tokens)
+    deadline = time.monotonic() + 30
+    while True:
+        text = requests.get(server + "/metrics", timeout=10).text
+        hits = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:miniflex_hit_tokens_total{") and 'tier="cpu"' in line
+        ]
+        if (hits and hits[0] > 0) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert hits and hits[0] >= expected_hit(PROMPT_TOKENS), text[-2000:]
+    assert "vllm:miniflex_stored_tokens_total" in text
