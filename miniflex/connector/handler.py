@@ -209,8 +209,8 @@ class MiniFlexHandler:
             if job.kind is JobKind.LOAD:
                 chunks = job.chunks
                 if job.ssd:
-                    failed_keys = self._copier().promote(job.ssd)
-                    ssd_seconds = time.perf_counter() - t0
+                    failed_keys, ssd_seconds = self._copier().promote(job.ssd)
+                    t0 = time.perf_counter() - ssd_seconds  # not the wait for the store
                     bad = {c.cpu for c in job.ssd if c.key in failed_keys}
                     chunks = tuple(c for c in chunks if c.slot not in bad)
                     failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]

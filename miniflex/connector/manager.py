@@ -160,17 +160,18 @@ class MiniFlexManager:
         keys = self._keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
+        st.decision = None
         hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
-        if hit and self.ssd is not None and self.config.hit_policy != "load":
-            hit = self._decide(st, keys[start : start + hit], num_tokens, num_computed)
+        if hit and self.ssd is not None:
+            tiers = self.tiers.residence(keys[start : start + hit])  # exact: skips promotions
+            hit = self._decide(st, tiers, num_tokens, num_computed)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         return max(0, end - num_computed)
 
-    def _decide(
-        self, st: ReqState, keys: Sequence[ChunkKey], num_tokens: int, num_computed: int
-    ) -> int:
-        """How many of the resident ``keys`` to load (``hit_policy`` cost or cpu)."""
-        tiers = self.tiers.residence(keys)
+    def _decide(self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int) -> int:
+        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``."""
+        if self.config.hit_policy == "load":
+            return len(tiers)
         if self.config.hit_policy == "cpu":
             return next((i for i, t in enumerate(tiers) if t is not Tier.CPU), len(tiers))
         st.decision = self.cost.choose(tiers, num_tokens, num_computed)

@@ -1,7 +1,8 @@
 """The worker side of the SSD tier: chunk copies between the CPU pool and the SSD store.
 
-One per worker process (TP rank), owned by the connector's handler and called
-from its transfer thread only, in plan order. It executes what the scheduler's
+One per worker process (TP rank), owned by the connector's handler: promotions
+run on its transfer thread, write-backs on its SSD thread (the store
+serializes them). It executes what the scheduler's
 :class:`~miniflex.tiers.TierStack` decided and reports which chunks failed;
 it never raises for I/O failures (a failed chunk is recomputed or not kept).
 
@@ -60,10 +61,12 @@ class SSDCopier:
             len(self.store.recovered()),
         )
 
-    def promote(self, copies: Sequence[SlotCopy]) -> set[ChunkKey]:
-        """Read each chunk from SSD into its CPU slot; returns the keys that failed (dropped)."""
+    def promote(self, copies: Sequence[SlotCopy]) -> tuple[set[ChunkKey], float]:
+        """Read each chunk from SSD into its CPU slot: (keys that failed and were dropped,
+        seconds the read took, not counting a wait for a write-back holding the store)."""
         ok = self.store.read([(c.key, c.ssd, self._view(c)) for c in copies])
-        return {c.key for c, good in zip(copies, ok, strict=True) if not good}
+        failed = {c.key for c, good in zip(copies, ok, strict=True) if not good}
+        return failed, self.store.last_read_seconds
 
     def demote(self, copies: Sequence[SlotCopy]) -> set[ChunkKey]:
         """Write each CPU slot to its SSD slot, durably; returns the keys that failed."""

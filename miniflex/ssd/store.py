@@ -31,6 +31,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -106,6 +107,8 @@ class SSDStore:
         self._num_slots = slot_count(total_bytes, len(dirs), slot_bytes)
         file_slots = self._num_slots // len(dirs)
         self._mutex = threading.Lock()
+        self.last_read_seconds = 0.0
+        """Duration of the last :meth:`read`, without waiting for the store's lock."""
         self._fds: list[int] = []
         self._lock_fd = _lock(self._paths[0])
         self._journal: SlotJournal | None = None
@@ -185,6 +188,7 @@ class SSDStore:
         corrupt chunk is never served. ``buf``'s content is unspecified then.
         """
         with self._mutex:
+            t0 = time.perf_counter()
             journal = self._live_journal()
             self._check_items(items, write=False)
             sums: dict[int, int] = {}  # item index -> journaled checksum
@@ -199,6 +203,7 @@ class SSDStore:
                 if good and not ok[i]:
                     log.error("SSD store: chunk %032x in slot %d fails its checksum", *items[i][:2])
             self._drop([items[i][0] for i in sums if not ok[i]])
+            self.last_read_seconds = time.perf_counter() - t0
             return ok
 
     def clear(self) -> None:

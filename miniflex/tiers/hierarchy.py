@@ -87,14 +87,19 @@ class TierStack:
         return n
 
     def residence(self, keys: Sequence[ChunkKey]) -> list[Tier]:
-        """The fastest tier of each leading resident key (stops at the first miss)."""
+        """The fastest tier of each leading loadable key (stops at the first miss).
+
+        A chunk on SSD that another load is promoting into the CPU tier right
+        now counts as a miss: it cannot be promoted twice, and is visible in
+        the CPU tier once that promotion completes.
+        """
         out: list[Tier] = []
         for key in keys:
             if key in self.cpu:
                 out.append(Tier.CPU)
-            elif self.ssd is not None and key in self.ssd:
+            elif self.ssd is not None and key in self.ssd and not self.cpu.is_storing(key):
                 out.append(Tier.SSD)
-            else:
+            else:  # a miss, or a chunk another request is promoting right now
                 break
         return out
 
@@ -213,5 +218,12 @@ class TierStack:
 
     # ---- maintenance ----
     def clear(self) -> int:
-        """Drop every chunk of every tier (chunks being moved never publish); returns how many."""
+        """Drop every chunk of every tier (chunks being moved never publish); returns how many.
+
+        Copies to SSD not yet sent are dropped too: sent after the reset, they
+        would journal pre-reset bytes that a restart would serve.
+        """
+        if self.ssd is not None:
+            pending, self._demotions = self._demotions, []
+            self.complete_demotions(pending, {c.key for c in pending})
         return self.cpu.clear() + (self.ssd.clear() if self.ssd is not None else 0)

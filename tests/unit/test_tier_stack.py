@@ -150,3 +150,29 @@ def test_clear_forgets_both_tiers() -> None:
     demote_all(stack)
     assert stack.clear() == 2
     assert stack.match([k(0)]) == 0 and stack.match([k(1)]) == 0
+
+
+def test_a_chunk_being_promoted_is_not_offered_to_a_second_load() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=8)
+    for i in range(4):
+        store(stack, [k(i)])
+    store(stack, [k(10), k(11), k(12), k(13)])  # pushes k(0..3) to SSD
+    demote_all(stack)
+    first = stack.acquire([k(0), k(1)])
+    assert [s.tier for s in first] == [Tier.SSD, Tier.SSD]
+    # while the first load promotes them, a second request sees no loadable prefix...
+    assert stack.residence([k(0), k(1)]) == []
+    assert stack.acquire([k(0), k(1)]) == []
+    demote_all(stack)
+    stack.release(first, ok=True, bad_keys=set())
+    # ...and once promoted, it loads them from CPU
+    assert stack.residence([k(0), k(1)]) == [Tier.CPU, Tier.CPU]
+
+
+def test_clear_drops_copies_to_ssd_not_yet_sent() -> None:
+    stack = TierStack(cpu_slots=2, ssd_slots=4, write_through=True)
+    store(stack, [k(0), k(1)])  # write-through copies queued, CPU slots pinned
+    stack.clear()
+    assert stack.take_demotions() == []
+    assert pinned(stack) == (0, 0)
+    assert stack.ssd is not None and stack.ssd.usage().free == 4
