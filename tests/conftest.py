@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,18 +10,7 @@ from pathlib import Path
 
 import pytest
 
-
-def supports_direct(directory: Path) -> bool:
-    probe = directory / ".odirect_probe"
-    try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return False
-        raise
-    os.close(fd)
-    probe.unlink()
-    return True
+from miniflex.ssd.files import supports_direct
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ from miniflex.connector.offline import (
     shutdown_llm,
 )
 from miniflex.errors import ConfigError
+from miniflex.ssd.files import supports_direct
 from miniflex.tinymodel import TinyModelSpec, write_tiny_model
 
 __all__ = ["DemoRow", "run_demo"]
@@ -170,13 +171,11 @@ def _ssd_dir() -> Path | None:
         path = Path(base) / "miniflex-demo-ssd"
         shutil.rmtree(path, ignore_errors=True)  # every demo starts cold
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        probe = path / "probe"
         try:
-            os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600))
+            if supports_direct(path):
+                return path
         except OSError:
             continue
-        probe.unlink()
-        return path
     return None
 
 

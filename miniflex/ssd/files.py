@@ -13,7 +13,7 @@ import os
 from miniflex.layout import ALIGN
 from miniflex.ssd.base import io_error
 
-__all__ = ["open_direct"]
+__all__ = ["open_direct", "supports_direct"]
 
 _GIB = float(1 << 30)
 
@@ -50,6 +50,24 @@ def open_direct(path: str | os.PathLike[str], size: int, create: bool = True) ->
         os.close(fd)
         raise
     return fd
+
+
+def supports_direct(directory: str | os.PathLike[str]) -> bool:
+    """True if ``directory``'s file system accepts ``O_DIRECT`` (a probe file is made and removed).
+
+    False only for ``EINVAL`` (the file system refuses O_DIRECT); other errors,
+    such as a missing or read-only directory, raise ``OSError``.
+    """
+    probe = os.path.join(os.fspath(directory), ".odirect_probe")
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def _check_space(name: str, size: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from miniflex.gpu.base import KVMover
 from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.gpu.synthetic import synthetic_caches
 from miniflex.layout import KVGeometry, KVLayout, layout_from_tensors
+from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
 
 LAYERS, HEADS, BLOCK, HEAD, BLOCKS, BPC = 4, 8, 16, 128, 64, 4
@@ -94,3 +95,15 @@ def pools() -> Iterator[Callable[[int, int], HostPool]]:
     for pool in made:
         pinning.unpin(pool.address)
         pool.close()
+
+
+def assert_pool_holds(
+    pool: HostPool, chunks: Sequence[ChunkMove], kv: dict[str, torch.Tensor], g: KVGeometry
+) -> None:
+    """Each chunk's slot holds its blocks' pages in the documented format (layer-major)."""
+    for c in chunks:
+        slot = torch.from_numpy(pool.slot(c.slot).copy())
+        for layer, t in enumerate(kv.values()):
+            for j, b in enumerate(c.block_ids):
+                off = g.chunk_offset(layer, j)
+                assert torch.equal(slot[off : off + g.page_bytes], page(t, b).cpu())

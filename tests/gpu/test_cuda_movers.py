@@ -16,6 +16,7 @@ from tests.gpu.conftest import (
     BPC,
     HAVE_CUPY,
     MOVERS,
+    assert_pool_holds,
     caches,
     layout_of,
     make_mover,
@@ -48,14 +49,7 @@ def test_round_trip_random_blocks_is_bit_exact(pools, name, kw, order, dtype) ->
     chunks = random_chunks(8, BPC, BLOCKS, 8, random.Random(1))
     store = make_mover(name, layout, src, pool, **kw)
     assert store.store(chunks, after=store.fence()) == 8 * layout.geometry.chunk_bytes
-    # The pool holds the documented chunk format: layer-major pages.
-    g = layout.geometry
-    for c in chunks:
-        slot = torch.from_numpy(pool.slot(c.slot).copy())
-        for layer, t in enumerate(src.values()):
-            for j, b in enumerate(c.block_ids):
-                off = g.chunk_offset(layer, j)
-                assert torch.equal(slot[off : off + g.page_bytes], page(t, b).cpu())
+    assert_pool_holds(pool, chunks, src, layout.geometry)
     # Load chunk i into the blocks chunk 7 - i came from: a different placement.
     back = [chunk(c.slot, list(chunks[7 - i].block_ids)) for i, c in enumerate(chunks)]
     load = make_mover(name, layout_of(dst), dst, pool, **kw)

@@ -11,7 +11,17 @@ import torch
 from miniflex.gpu.synthetic import random_chunks
 from miniflex.plan import ChunkMove
 from miniflex.types import BlockId, SlotId
-from tests.gpu.conftest import BLOCKS, BPC, HAVE_CUPY, MOVERS, caches, layout_of, make_mover, page
+from tests.gpu.conftest import (
+    BLOCKS,
+    BPC,
+    HAVE_CUPY,
+    MOVERS,
+    assert_pool_holds,
+    caches,
+    layout_of,
+    make_mover,
+    page,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -93,13 +103,7 @@ def test_concurrent_loads_and_stores_do_not_interfere(pools) -> None:
     for t in threads:
         t.join()
     assert not errors, errors
-    g = layout.geometry
-    for c in stores:
-        slot = torch.from_numpy(pool.slot(c.slot).copy())
-        for layer, t in enumerate(x.values()):
-            for j, b in enumerate(c.block_ids):
-                off = g.chunk_offset(layer, j)
-                assert torch.equal(slot[off : off + g.page_bytes], page(t, b).cpu())
+    assert_pool_holds(pool, stores, x, layout.geometry)
     for c in loads:
         for s, d in zip(z.values(), y.values(), strict=True):
             for b in c.block_ids:
