@@ -163,7 +163,9 @@ class MiniFlexManager:
         st.decision = None
         hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
         if hit and self.ssd is not None:
-            tiers = self.tiers.residence(keys[start : start + hit])  # exact: skips promotions
+            run = st.key_array[start : start + hit]
+            # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
+            tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
             hit = self._decide(st, tiers, num_tokens, num_computed)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         return max(0, end - num_computed)

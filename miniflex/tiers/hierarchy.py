@@ -86,15 +86,17 @@ class TierStack:
             n += step
         return n
 
-    def residence(self, keys: Sequence[ChunkKey]) -> list[Tier]:
+    def residence(self, keys: Sequence[ChunkKey], cpu_prefix: int = 0) -> list[Tier]:
         """The fastest tier of each leading loadable key (stops at the first miss).
 
         A chunk on SSD that another load is promoting into the CPU tier right
         now counts as a miss: it cannot be promoted twice, and is visible in
-        the CPU tier once that promotion completes.
+        the CPU tier once that promotion completes. ``cpu_prefix``: how many
+        leading keys the caller already matched in the CPU tier (one compiled
+        ``cpu.match``), so they are not looked up again one by one.
         """
-        out: list[Tier] = []
-        for key in keys:
+        out: list[Tier] = [Tier.CPU] * cpu_prefix
+        for key in keys[cpu_prefix:]:
             if key in self.cpu:
                 out.append(Tier.CPU)
             elif self.ssd is not None and key in self.ssd and not self.cpu.is_storing(key):
