@@ -8,10 +8,12 @@ For each chunk size, each mover stores (GPU -> CPU) and loads (CPU -> GPU)
 random non-contiguous blocks to and from random slots, in calls of one chunk
 and of each ``--tokens-per-call`` tokens; GB/s is the median call, waited for,
 beside a contiguous pinned ``torch`` copy of ``--ceiling-mib`` in the same run
-(the PCIe ceiling). Last, a bf16 8192x8192 matmul loop (a CUDA graph on its
-own stream) is timed alone and while each mover copies non-stop on another
-thread (64-token chunks, calls of the first ``--tokens-per-call``): the
-slowdown is the SMs (and memory bandwidth) the mover takes.
+(the PCIe ceiling); ``layerwise`` is the same load issued layer by layer
+(``load_layerwise``, as in-step loads run) and waited for. Last, a bf16
+8192x8192 matmul loop (a CUDA graph on its own stream) is timed alone and
+while each mover copies non-stop on another thread (64-token chunks, calls of
+the first ``--tokens-per-call``): the slowdown is the SMs (and memory
+bandwidth) the mover takes.
 """
 
 from __future__ import annotations
@@ -62,7 +64,12 @@ def ceiling(mib: int, repeat: int) -> tuple[float, float]:
 
 
 def candidates(ctas: list[int]) -> list[Candidate]:
-    return [*(Candidate("kernel", c) for c in ctas), Candidate("dma"), Candidate("cpu")]
+    return [
+        *(Candidate("kernel", c) for c in ctas),
+        Candidate("staged"),
+        Candidate("dma"),
+        Candidate("cpu"),
+    ]
 
 
 def build(cand: Candidate, layout, kv, pool) -> KVMover | None:
@@ -72,6 +79,17 @@ def build(cand: Candidate, layout, kv, pool) -> KVMover | None:
     except Exception as exc:  # a missing library or an unsupported layout: report, go on
         log(f"{cand.label}: not measured: {type(exc).__name__}: {exc}")
         return None
+
+
+def time_layerwise(mover: KVMover, chunks: list[ChunkMove], repeat: int) -> float:
+    """Median seconds of ``load_layerwise(chunks)`` until every layer is in (no compute)."""
+    mover.load_layerwise(chunks).wait()  # warm-up
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        mover.load_layerwise(chunks).wait()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def bandwidth_rows(args, kv, ceil: tuple[float, float]) -> list[dict]:
@@ -92,6 +110,7 @@ def bandwidth_rows(args, kv, ceil: tuple[float, float]) -> list[dict]:
             for calls in (batch[:n] for n in sizes):
                 nbytes = len(calls) * g.chunk_bytes
                 t_store, t_load = time_mover(mover, calls, args.repeat)
+                t_layers = time_layerwise(mover, calls, args.repeat)
                 row = {
                     "chunk_tokens": tokens,
                     "tokens_per_call": len(calls) * tokens,
@@ -100,6 +119,8 @@ def bandwidth_rows(args, kv, ceil: tuple[float, float]) -> list[dict]:
                     "store_vs_ceiling": round(nbytes / t_store / 1e9 / ceil[0], 2),
                     "load_GBps": round(nbytes / t_load / 1e9, 2),
                     "load_vs_ceiling": round(nbytes / t_load / 1e9 / ceil[1], 2),
+                    "layerwise_GBps": round(nbytes / t_layers / 1e9, 2),
+                    "layerwise_vs_ceiling": round(nbytes / t_layers / 1e9 / ceil[1], 2),
                 }
                 log(f"{row}")
                 rows.append(row)

@@ -5,25 +5,28 @@
 # config in bench/models/qwen3-8b-shape with dummy weights; vLLM's KV cache is limited with
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
-#   bash bench/run_h200.sh PART OUT_DIR        PART: ttft | overflow | mixed | all
+#   bash bench/run_h200.sh PART OUT_DIR        PART: ttft | overflow | mixed | multiturn | all
 #
 # Each PART is one `miniflex bench` run that starts each configuration once (about 45-60 s
 # each, eager mode) and stays within about 9 minutes; `all` runs the three parts in a row.
 # Results: OUT_DIR/<workload>-h200.json and .png per workload, OUT_DIR/<part>.txt (the
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
 # limit (LIMIT_S, default 500 s) still prints and writes what it measured, marked partial.
+# multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
+# MiniFlex's CPU tier with load_mode sync, layerwise and async).
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, EXTRA_ARGS (more
 # `miniflex bench` arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|multiturn|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|overflow|mixed|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|overflow|mixed|multiturn|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
+MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async}"
 LIMIT_S="${LIMIT_S:-500}"
 
 VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
@@ -35,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 
 COMMON=(
   --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16
-  --max-num-batched-tokens 8192 --configs "$CONFIGS" --out-dir "$OUT" --tag h200
+  --max-num-batched-tokens 8192 --out-dir "$OUT" --tag h200
 )
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
@@ -44,7 +47,8 @@ run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
   shift 2
   echo "[run_h200] $(date +%T) $name: miniflex bench $workloads $*"
   timeout -s INT -k 60 "$LIMIT_S" \
-    "$PY" -m miniflex.cli bench "$workloads" "$@" "${COMMON[@]}" "${EXTRA[@]}" \
+    "$PY" -m miniflex.cli bench "$workloads" --configs "$CONFIGS" "$@" "${COMMON[@]}" \
+    "${EXTRA[@]}" \
     > "$OUT/$name.txt" 2> "$OUT/$name.log"
   local rc=$?
   grep '^\[bench' "$OUT/$name.log" | tail -n 50
@@ -69,9 +73,13 @@ case "$PART" in
       --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 80 --mixed-max-tokens 8 \
       --overhead-prompts 32 --overhead-prompt-tokens 2048 --overhead-max-tokens 16 \
       --overhead-serial 8 --overhead-rounds 2 ;;
+  multiturn)  # 1600 blocks = 25,600 tokens: the 24k-token second turn fits, the history is
+    # evicted between the turns; MiniFlex loads 20k tokens (2.9 GB) while 4k new ones compute
+    CONFIGS="$MT_CONFIGS" run_part multiturn multiturn --gpu-blocks 1600 \
+      --multiturn-prefix-tokens 20000 --multiturn-new-tokens 4096 --multiturn-repeat 3 ;;
   all)
     status=0
-    for p in ttft overflow mixed; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    for p in ttft overflow mixed multiturn; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
     exit "$status" ;;
   *)
     echo "$USAGE" >&2

@@ -150,10 +150,11 @@ def _size(default: str, doc: str) -> _Spec:
 
 
 _EVICTION = ("lru", "fifo")
-_MOVERS = ("auto", "cpu", "kernel", "dma")
+_MOVERS = ("auto", "cpu", "kernel", "dma", "staged")
 _SSD_IO = ("auto", "io_uring", "threads")
 _SSD_WRITE = ("back", "through")
 _HIT_POLICIES = ("cost", "load", "cpu")
+_LOAD_MODES = ("auto", "layerwise", "sync", "async")
 
 
 def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
@@ -225,14 +226,17 @@ _SPECS: dict[str, _Spec] = {
         "auto",
         "How KV bytes move between vLLM's cache and the CPU pool: `cpu` (torch copies; the "
         "only mover on vLLM's CPU backend), `kernel` (CuPy gather/scatter kernel into mapped "
-        "pinned memory), `dma` (batched async memcpy); `auto`: the tuning cache's winner for "
-        "this GPU and layout, else `kernel` on CUDA and `cpu` elsewhere.",
+        "pinned memory), `dma` (batched async memcpy), `staged` (whole slots by the copy engines "
+        "through a GPU staging buffer, pages placed by the kernel); `auto`: the tuning cache's "
+        "winner for "
+        "this GPU and layout, else `staged` on CUDA and `cpu` elsewhere.",
         "auto",
     ),
     "kernel_ctas": _Spec(
         lambda k, v: _parse_int(k, v, 0, 4096),
         0,
-        "Thread blocks (CTAs) the `kernel` mover launches; few leave the SMs to vLLM's compute. "
+        "Thread blocks (CTAs) the `kernel` mover launches (the `staged` mover: its on-GPU "
+        "gather/scatter); few leave the SMs to vLLM's compute. "
         "0: the tuning cache's value, else the built-in default.",
         "0",
     ),
@@ -291,6 +295,16 @@ _SPECS: dict[str, _Spec] = {
         "(everything resident), `cpu` (never SSD-only chunks: they are recomputed).",
         "cost",
     ),
+    "load_mode": _Spec(
+        lambda k, v: _parse_choice(k, v, _LOAD_MODES),
+        "auto",
+        "How a hit is loaded: `async` (in the background; the request is computed in a later "
+        "engine step), `sync` (before the step's forward, which waits for all of it: "
+        "load-then-compute), `layerwise` (in the same step, layer L+1 copying while layer L "
+        "computes); `auto`: the cost model picks layerwise or async per request (see "
+        "docs/design.md). Chunks read from SSD always load async.",
+        "auto",
+    ),
     "cpu_load_gbps": _Spec(
         _parse_auto_float,
         None,
@@ -347,6 +361,7 @@ class MiniFlexConfig:
     ssd_eviction: str = field(default=_SPECS["ssd_eviction"].default)
     ssd_io: str = field(default=_SPECS["ssd_io"].default)
     hit_policy: str = field(default=_SPECS["hit_policy"].default)
+    load_mode: str = field(default=_SPECS["load_mode"].default)
     cpu_load_gbps: float | None = field(default=_SPECS["cpu_load_gbps"].default)
     ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
     prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)

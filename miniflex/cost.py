@@ -26,7 +26,24 @@ Both halves are calibrated on the running engine:
   step's wall time), refitted every few steps.
 
 Until enough steps were seen the model is *uncalibrated* and everything
-resident is loaded (the behaviour without a cost model). Example::
+resident is loaded (the behaviour without a cost model).
+
+With ``overlap`` (``load_mode=auto``) :meth:`CostModel.choose` also weighs
+loading the leading CPU chunks *layerwise*, inside the step that computes the
+rest of the prompt, against the best asynchronous load::
+
+    layerwise = max(load, prefill) + load / num_layers     (layer 0's copy is exposed)
+    async     = load + prefill + step                     (the request waits a step)
+
+``step`` is the engine's recent step time (a moving average of observed
+steps). A layerwise load has a bandwidth of its own: it is issued layer by
+layer through the mover's direct path, which can be much slower than a
+whole-slot copy (on the H200, a 30k-token hit took 186 ms layerwise against
+144 ms async). Both CPU bandwidths start from the workers' start-up probe
+(:mod:`miniflex.connector.probe`) and then follow real loads (a layerwise one
+timed from issue to done, so a lower bound where the prefill was the longer
+part). Uncalibrated (no prefill fit yet), a hit held wholly in CPU goes
+layerwise. Example::
 
     model = CostModel(chunk_bytes=9 << 20, chunk_tokens=64)
     model.choose([Tier.CPU, Tier.SSD, Tier.SSD], prompt_tokens=8192, gpu_hit=0)
@@ -77,6 +94,10 @@ class Decision:
     load_all_s: float
     recompute_s: float
     calibrated: bool
+    layerwise: bool = False
+    """Load the chosen chunks (all in CPU) in the computing step, layer by layer."""
+    async_s: float = 0.0
+    """Predicted TTFT of the best asynchronous load (equal to ``predicted_s`` unless layerwise)."""
 
 
 class CostModel:
@@ -89,13 +110,17 @@ class CostModel:
         bandwidth: dict[Tier, float] | None = None,
         fixed_bandwidth: frozenset[Tier] = frozenset(),
         prefill: PrefillFit | None = None,
+        num_layers: int = 1,
     ) -> None:
         """``bandwidth``: starting bytes/s per tier (CPU: the copy into vLLM's cache; SSD:
         the read into the CPU pool). Tiers in ``fixed_bandwidth`` keep theirs; a given
-        ``prefill`` is never refitted."""
+        ``prefill`` is never refitted. ``num_layers``: a layerwise load exposes one layer's copy."""
         self.chunk_bytes = chunk_bytes
+        self.num_layers = max(1, num_layers)
+        self.step_seconds: float | None = None  # moving average of observed step times
         self.chunk_tokens = chunk_tokens
         self.bandwidth = {Tier.CPU: 10e9, Tier.SSD: 1e9, **(bandwidth or {})}
+        self.layerwise_bandwidth: float | None = None  # learned from layerwise loads
         self._fixed_bw = fixed_bandwidth
         self._fixed_prefill = prefill is not None
         self.prefill = prefill
@@ -116,12 +141,28 @@ class CostModel:
     def load_seconds(self, tiers: Sequence[Tier]) -> float:
         return sum(self.chunk_load_seconds(t) for t in tiers)
 
-    def choose(self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int) -> Decision:
-        """How many of the resident chunks ``tiers`` (in prefix order) to load."""
+    def layerwise_seconds(self, load: float, prefill: float) -> float:
+        """TTFT of a load overlapped with the prefill, layer by layer."""
+        return max(load, prefill) + load / self.num_layers
+
+    def async_seconds(self, load: float, prefill: float) -> float:
+        """TTFT of a load before the prefill, in a later engine step."""
+        fallback = self.prefill.step if self.prefill is not None else 0.0
+        step = self.step_seconds if self.step_seconds is not None else fallback
+        return load + prefill + step
+
+    def choose(
+        self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int, overlap: bool = False
+    ) -> Decision:
+        """How many of the resident chunks ``tiers`` (in prefix order) to load, and how.
+
+        ``overlap``: a load of the leading CPU chunks may be layerwise (see the
+        module docstring); otherwise every load is predicted load-then-compute.
+        """
         n = len(tiers)
-        if self.prefill is None:
-            return Decision(n, n, 0.0, 0.0, 0.0, False)
         fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
+        if self.prefill is None:
+            return Decision(n, n, 0.0, 0.0, 0.0, False, layerwise=overlap and n > 0 and fast == n)
         ct = self.chunk_tokens
         load = self.load_seconds(tiers[:fast])
         times: dict[int, float] = {}
@@ -132,7 +173,17 @@ class CostModel:
             times[length] = load + self.prefill.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
         recompute = self.prefill.seconds(prompt_tokens - gpu_hit, gpu_hit)
-        return Decision(best, n, times[best], times[n], recompute, True)
+        if not overlap or fast == 0:
+            return Decision(best, n, times[best], times[n], recompute, True, async_s=times[best])
+        best_async = times[best] - self.load_seconds(tiers[:best])  # the prefill part
+        async_s = self.async_seconds(self.load_seconds(tiers[:best]), best_async)
+        done = gpu_hit + fast * ct
+        layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
+        layer_load = fast * self.chunk_bytes / layer_bw
+        lw = self.layerwise_seconds(layer_load, self.prefill.seconds(prompt_tokens - done, done))
+        if lw <= async_s:
+            return Decision(fast, n, lw, times[n], recompute, True, True, async_s)
+        return Decision(best, n, async_s, times[n], recompute, True, False, async_s)
 
     # ---- calibration ----
     def observe_load(self, tier: Tier, nbytes: int, seconds: float) -> None:
@@ -142,9 +193,28 @@ class CostModel:
         old = self.bandwidth[tier]
         self.bandwidth[tier] = (1 - EWMA) * old + EWMA * (nbytes / seconds)
 
+    def start_from_probe(self, load_bps: float, layerwise_bps: float) -> None:
+        """Both CPU load paths as measured at start-up (unless ``cpu_load_gbps`` fixes them)."""
+        if Tier.CPU in self._fixed_bw or load_bps <= 0 or layerwise_bps <= 0:
+            return
+        self.bandwidth[Tier.CPU] = load_bps
+        self.layerwise_bandwidth = layerwise_bps
+
+    def observe_layerwise(self, nbytes: int, seconds: float) -> None:
+        """A finished layerwise load, from issue to its last layer (overlapping the prefill)."""
+        if Tier.CPU in self._fixed_bw or nbytes <= 0 or seconds <= 0:
+            return
+        old = self.layerwise_bandwidth
+        rate = nbytes / seconds
+        self.layerwise_bandwidth = rate if old is None else (1 - EWMA) * old + EWMA * rate
+
     def observe_step(self, tokens: int, pairs: float, seconds: float) -> None:
         """One engine step: ``tokens`` computed, ``pairs`` query-key pairs, ``seconds`` wall."""
-        if self._fixed_prefill or tokens <= 0 or seconds <= 0:
+        if tokens <= 0 or seconds <= 0:
+            return
+        old = self.step_seconds
+        self.step_seconds = seconds if old is None else (1 - EWMA) * old + EWMA * seconds
+        if self._fixed_prefill:
             return
         self.observed_steps += 1
         self._steps.append((1.0, float(tokens), float(pairs), seconds))
@@ -172,7 +242,9 @@ class CostModel:
         self.prefill = PrefillFit(float(coef[0]), float(coef[1]), float(coef[2]))
 
 
-def make_cost_model(config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int) -> CostModel:
+def make_cost_model(
+    config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int, num_layers: int = 1
+) -> CostModel:
     """The model with the overrides of ``config`` (``cpu_load_gbps``, ``ssd_read_gbps``,
     ``prefill_tokens_per_s``) fixed and everything else learned."""
     bandwidth, fixed = {}, set()
@@ -182,4 +254,4 @@ def make_cost_model(config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int)
             fixed.add(tier)
     tps = config.prefill_tokens_per_s
     prefill = PrefillFit(0.0, 1.0 / tps, 0.0) if tps is not None else None
-    return CostModel(chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill)
+    return CostModel(chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill, num_layers)

@@ -48,6 +48,8 @@ def inspect_status(path: str | Path) -> str:
         f" after {cm['observed_steps']} steps",
         "  load GB/s: " + ", ".join(f"{t} {bw:.2f}" for t, bw in cm["load_GBps"].items()),
     ]
+    if cm.get("layerwise_load_GBps") is not None:
+        lines.append(f"  layerwise load GB/s: {cm['layerwise_load_GBps']:.2f}")
     if prefill:
         lines.append(
             f"  prefill: {1e3 * prefill['step_s']:.2f} ms + {1e6 * prefill['per_token_s']:.2f} "

@@ -24,6 +24,8 @@ __all__ = [
     "JobId",
     "JobKind",
     "JobResult",
+    "LoadProbe",
+    "LoadTiming",
     "SlotCopy",
     "TransferJob",
     "TransferPlan",
@@ -40,6 +42,26 @@ class JobKind(enum.Enum):
     STORE = "store"  # vLLM blocks -> CPU slot
     DEMOTE = "demote"  # CPU slot -> SSD slot
     CLEAR = "clear"  # forget every chunk of the SSD store (a cache reset)
+
+
+class LoadTiming(enum.Enum):
+    """When a LOAD job runs relative to the forward of its request.
+
+    * ``ASYNC``: on the worker's transfer thread; vLLM keeps the request
+      waiting until the worker reports it in ``finished_recving``, and computes
+      it in a later step.
+    * ``SYNC``: issued on vLLM's thread before the step's forward, which waits
+      for every layer before its first attention layer (load-then-compute).
+    * ``LAYERWISE``: issued the same way, but each attention layer waits only
+      for its own layer's copy, so layer ``l + 1`` copies while ``l`` computes.
+
+    SYNC and LAYERWISE jobs only read CPU slots (no promotions) and are never
+    reported in ``finished_recving``: vLLM scheduled their request already.
+    """
+
+    ASYNC = "async"
+    SYNC = "sync"
+    LAYERWISE = "layerwise"
 
 
 @dataclass(frozen=True)
@@ -83,6 +105,13 @@ class TransferJob:
     """Blocks promised to vLLM whose chunk vanished before the load: reported as load errors."""
     ssd: tuple[SlotCopy, ...] = ()
     """LOAD: promotions done first; DEMOTE: the writes to SSD."""
+    timing: LoadTiming = LoadTiming.ASYNC
+    """LOAD: when it runs (see :class:`LoadTiming`); other kinds are always ASYNC."""
+
+    @property
+    def synchronous(self) -> bool:
+        """A LOAD that vLLM's step waits for in its forward (SYNC or LAYERWISE)."""
+        return self.timing is not LoadTiming.ASYNC
 
     @property
     def block_ids(self) -> tuple[BlockId, ...]:
@@ -127,3 +156,17 @@ class JobResult:
     """The SSD I/O backend (``io_uring``, ``threads``) if the job touched SSD."""
     ssd_seconds: float = 0.0
     """LOAD: the part of ``seconds`` spent reading promotions from SSD."""
+
+
+@dataclass(frozen=True)
+class LoadProbe:
+    """A worker's start-up measurement of its mover: the same chunks loaded both ways.
+
+    ``load_seconds``: one :meth:`~miniflex.gpu.base.KVMover.load` call (the
+    asynchronous path); ``layerwise_seconds``: one ``load_layerwise`` call until
+    its last layer is in. The scheduler's cost model starts from these.
+    """
+
+    num_bytes: int
+    load_seconds: float
+    layerwise_seconds: float

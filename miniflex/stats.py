@@ -20,6 +20,7 @@ class TransferStats:
 
     hit_tokens: Counter[str] = field(default_factory=Counter)  # per tier name
     ssd_jobs: Counter[str] = field(default_factory=Counter)  # per SSD I/O backend name
+    load_timing: Counter[str] = field(default_factory=Counter)  # loads sent, per LoadTiming
     stored_tokens: int = 0
     load_bytes: int = 0
     store_bytes: int = 0
@@ -86,6 +87,7 @@ class TransferStats:
     def merge(self, other: TransferStats) -> TransferStats:
         self.hit_tokens.update(other.hit_tokens)
         self.ssd_jobs.update(other.ssd_jobs)
+        self.load_timing.update(other.load_timing)
         for name in self._SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         return self
@@ -97,6 +99,7 @@ class TransferStats:
         """Flat summable counters (the ``KVConnectorStats.data`` payload)."""
         out: dict[str, int | float] = {f"hit_tokens_{t}": n for t, n in self.hit_tokens.items()}
         out.update({f"ssd_jobs_{name}": n for name, n in self.ssd_jobs.items()})
+        out.update({f"loads_{name}": n for name, n in self.load_timing.items()})
         for name in self._SUMMED:
             out[name] = getattr(self, name)
         return out

@@ -12,7 +12,7 @@ from miniflex.bench.configs import CONFIGS
 
 __all__ = ["WORKLOADS", "add_arguments"]
 
-WORKLOADS = ("ttft", "overflow", "mixed", "overhead")
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -25,7 +25,9 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add every ``miniflex bench`` option to ``p`` (the ``bench`` subparser)."""
-    p.add_argument("workloads", help="ttft, overflow, mixed, overhead, or several comma-separated")
+    p.add_argument(
+        "workloads", help="ttft, overflow, mixed, overhead, multiturn, or several comma-separated"
+    )
     _engines(p.add_argument_group("engines"))
     _tiers(p.add_argument_group("tiers (default: sized from the workloads)"))
     _workloads(p.add_argument_group("workloads"))
@@ -103,5 +105,8 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--overhead-max-tokens", type=int, default=16)
     w.add_argument("--overhead-serial", type=int, default=8, help="unique prompts one at a time")
     w.add_argument("--overhead-rounds", type=int, default=2, help="batch rounds (best counts)")
+    w.add_argument("--multiturn-prefix-tokens", type=int, default=20000, help="the history")
+    w.add_argument("--multiturn-new-tokens", type=int, default=4096, help="the next turn's")
+    w.add_argument("--multiturn-repeat", type=int, default=1, help="conversations (median)")
     w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
     w.add_argument("--vocab-size", type=int, default=32000, help="with --url and no --model")

@@ -21,6 +21,7 @@ from miniflex.bench.base import Workload
 from miniflex.bench.configs import CONFIGS, EngineConfig, TierSizes, parse_configs
 from miniflex.bench.mixed import MixedWorkload
 from miniflex.bench.model import ModelShape, PromptMaker
+from miniflex.bench.multiturn import MultiturnWorkload
 from miniflex.bench.overflow import OverflowWorkload
 from miniflex.bench.overhead import OverheadWorkload
 from miniflex.bench.report import Progress
@@ -84,6 +85,12 @@ def _workloads(
             max_tokens=args.overhead_max_tokens,
             serial_prompts=args.overhead_serial,
             rounds=args.overhead_rounds,
+        ),
+        "multiturn": MultiturnWorkload(
+            prompts,
+            prefix_tokens=args.multiturn_prefix_tokens,
+            new_tokens=args.multiturn_new_tokens,
+            repeat=args.multiturn_repeat,
         ),
     }
     return [made[n] for n in names], bandwidth

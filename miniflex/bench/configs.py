@@ -7,6 +7,9 @@
 ``miniflex-cpu`` MiniFlex, pinned CPU tier of ``cpu_bytes``
 ``miniflex-ssd`` MiniFlex, CPU tier of ``ssd_cpu_bytes`` (smaller than the
                  working set) over an SSD tier of ``ssd_bytes`` in ``ssd_dir``
+``miniflex-sync`` ``miniflex-cpu`` with ``load_mode=sync`` (load, then compute);
+``-layerwise``   likewise ``layerwise`` and ``async``: how a hit is loaded
+``-async``       (``miniflex bench multiturn``)
 ``native-fs``    vLLM's ``OffloadingConnector`` with ``TieringOffloadingSpec``:
                  a CPU tier of ``ssd_cpu_bytes`` over an ``fs`` tier in
                  ``ssd_dir``/native-fs; CUDA only
@@ -123,6 +126,14 @@ def _miniflex_cpu(t: TierSizes) -> dict[str, Any]:
     return {**MINIFLEX, "kv_connector_extra_config": t.miniflex_extra(cpu_bytes=t.cpu_bytes)}
 
 
+def _miniflex_mode(mode: str) -> Callable[[TierSizes], dict[str, Any]]:
+    def build(t: TierSizes) -> dict[str, Any]:
+        extra = t.miniflex_extra(cpu_bytes=t.cpu_bytes, load_mode=mode)
+        return {**MINIFLEX, "kv_connector_extra_config": extra}
+
+    return build
+
+
 def _miniflex_ssd(t: TierSizes) -> dict[str, Any]:
     if not t.ssd_dir:
         raise ConfigError("--ssd-dir", t.ssd_dir, "a directory for the SSD tier's data file")
@@ -166,6 +177,15 @@ CONFIGS: dict[str, EngineConfig] = {
             "LMCache",
             lambda t: None,
             left_out=LMCACHE_LEFT_OUT,
+        ),
+        *(
+            EngineConfig(
+                f"miniflex-{mode}",
+                Connector.MINIFLEX,
+                f"MiniFlex, CPU tier, load_mode={mode}",
+                _miniflex_mode(mode),
+            )
+            for mode in ("sync", "layerwise", "async")
         ),
     )
 }

@@ -121,6 +121,7 @@ class OfflineDriver(Driver):
             external_tokens=external,
             tiers=tier_tokens(params),
             first_token=comp.token_ids[0] if comp.token_ids else None,
+            load=(params or {}).get("load"),
         )
 
     def prefill(self, tokens: Sequence[int], label: str) -> Sample:

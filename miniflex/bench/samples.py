@@ -38,6 +38,7 @@ class Sample:
     external_tokens: int | None = None
     tiers: Mapping[str, int] = field(default_factory=dict)  # MiniFlex hits per tier
     first_token: int | None = None
+    load: str | None = None  # how MiniFlex loaded the hit (``load_mode``), where it says
 
     @property
     def vllm_hit_tokens(self) -> int | None:

@@ -159,7 +159,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.handler.submit(plan, JobKind.LOAD)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: requests wait in the scheduler, not in layers
+        # Before each attention layer (vLLM's maybe_transfer_kv_layer, 0.26 and 0.32):
+        # order it after this step's SYNC/LAYERWISE loads; a no-op without them.
+        self.handler.wait_layer(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -172,13 +174,18 @@ class MiniFlexConnector(KVConnectorBase_V1):
         if self.has_connector_metadata():
             plan = self._plan()
             self.handler.forward_issued(plan)
+            self.handler.finish_step_loads()
             self.handler.submit(plan, JobKind.STORE)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.has_connector_metadata():
             plan = self._plan()
-            self.handler.submit(plan, JobKind.LOAD)  # 0.26 skips start_load_kv on empty steps
+            # 0.26 skips start_load_kv on empty steps; a load inside a step issued this
+            # late (after the forward) is reported failed, never read unloaded.
+            self.handler.submit(plan, JobKind.LOAD, before_forward=False)
             self.handler.release_when_saved(plan)
+        # Before the load errors are collected: with a drafter vLLM calls wait_for_save later.
+        self.handler.finish_step_loads()
         sending, recving = self.handler.poll()
         return sending or None, recving or None
 
@@ -188,7 +195,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
         results = self.handler.take_results()
         steps = self.handler.take_step_times()
-        return MiniFlexWorkerMeta(tuple(results), tuple(steps)) if results or steps else None
+        probe = self.handler.take_probe()
+        probes = (probe,) if probe is not None else ()
+        if not (results or steps or probes):
+            return None
+        return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes)
 
     def shutdown(self) -> None:
         if self._handler is not None:
@@ -212,7 +223,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             request.num_tokens,
             num_computed_tokens,
         )
-        return n, n > 0
+        return n, n > 0 and self.manager.load_async(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._requests[request.request_id] = request
@@ -235,17 +246,19 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, MiniFlexWorkerMeta):
+            self.manager.on_probes(meta.probes)
             self.manager.on_results(meta.results)
             self.manager.on_step_times(meta.step_seconds)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
-        st = self.manager.state(req_id)
+        st = self.manager.settle_hits(req_id)
         params = {
             "miniflex": {
                 "hit_tokens": st.hit_tokens,
                 "stored_tokens": st.stored_tokens,
                 **{f"hit_tokens_{tier}": n for tier, n in st.hit_by_tier.items()},
+                **({"load": st.loaded_as.value} if st.loaded_as is not None else {}),
             }
         }
         delay = self.manager.on_finished(req_id)
@@ -272,6 +285,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a store dropped by preemption is only a future miss
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True unless every load is asynchronous: in-step loads make each attention layer
+        wait for its copy (``wait_for_layer_load``), which a full CUDA graph would skip."""
+        return MiniFlexConfig.from_dict(extra_config).load_mode != "async"
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:

@@ -10,8 +10,12 @@ copies:
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
   queued, before the jobs of the same plan; a store or promotion into that
   slot waits for it (only then may the slot be overwritten);
-* loads are queued at ``start_load_kv`` (before the step's forward); they go
-  into blocks of requests that wait for them, which no forward touches;
+* asynchronous loads are queued at ``start_load_kv``; they go into blocks of
+  requests that wait for them, which no forward touches;
+* loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
+  ``start_load_kv``, before the forward that reads them, and finished once that
+  forward is issued (``step_loads.py``); they read only CPU slots whose chunk
+  was committed, i.e. whose store every worker had finished;
 * stores are queued at ``wait_for_save`` (after the forward that computed
   their blocks), and a finished request keeps its blocks until its stores are
   done (the scheduler lists it in ``TransferPlan.release``);
@@ -24,6 +28,7 @@ Any exception in a job is caught here, logged, and reported as a failed job
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -34,13 +39,15 @@ from concurrent.futures import Future
 import torch
 
 from miniflex.config import MiniFlexConfig
+from miniflex.connector.probe import probe_loads
+from miniflex.connector.step_loads import StepLoads
 from miniflex.connector.step_timer import StepTimer
 from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
-from miniflex.plan import JobKind, JobResult, TransferJob, TransferPlan
+from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
@@ -80,6 +87,11 @@ class MiniFlexHandler:
         self._pinned = False
         self._ssd: SSDCopier | None = None
         self._timer: StepTimer | None = None
+        self._probe: LoadProbe | None = None  # reported once, with the first results
+        self._step_loads = StepLoads({})
+        # Held around mover calls where the mover's load_layerwise is the base class's
+        # (a plain load() on vLLM's thread): such movers assume one calling thread.
+        self._mover_guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
 
     def register(
         self,
@@ -97,9 +109,11 @@ class MiniFlexHandler:
             assert namespace_digest is not None, "the SSD tier needs the namespace digest"
             self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
+        self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
+        self._probe = probe_loads(self._mover, self.layout, num_slots)
         for name, q in (("miniflex-transfer", self._queue), ("miniflex-ssd", self._ssd_queue)):
             thread = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
             thread.start()
@@ -115,17 +129,28 @@ class MiniFlexHandler:
         )
         return self.layout
 
+    def _bind_step_loads(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        assert self._mover is not None
+        shared = type(self._mover).load_layerwise is KVMover.load_layerwise
+        self._mover_guard = threading.Lock() if shared else contextlib.nullcontext()
+        names = {name: i for i, name in enumerate(kv_caches)}  # the movers' layer order
+        self._step_loads = StepLoads(names, self._mover_guard)
+
     # ---- plan execution ----
-    def submit(self, plan: TransferPlan, kind: JobKind) -> None:
+    def submit(self, plan: TransferPlan, kind: JobKind, before_forward: bool = True) -> None:
         """Queue the plan's jobs of one kind once; loads before forward, stores after it.
 
         Called on vLLM's thread. Idempotent per plan, so a hook that some vLLM
         versions skip on empty steps can be backed up by a later one. The
         mover's fence, taken here, orders the copies after the GPU work vLLM
         has queued so far (the forward that computed a store's blocks).
+        SYNC/LAYERWISE loads are issued here, on this thread; ``before_forward``
+        False (a hook that runs after the forward) reports them failed instead.
         """
         assert self._mover is not None, "register() first"
         if plan is not self._plan:
+            if self._step_loads:
+                self.finish_step_loads()  # a step whose forward was never reported
             self._plan, self._submitted = plan, set()
         if kind in self._submitted:
             return
@@ -133,7 +158,11 @@ class MiniFlexHandler:
             self.submit(plan, JobKind.LOAD)  # demotions and loads always go first
         self._submitted.add(kind)
         group = _GROUPS[kind]
-        jobs = [job for job in plan.jobs if job.kind in group]
+        jobs = [job for job in plan.jobs if job.kind in group and not job.synchronous]
+        if kind is JobKind.LOAD:
+            self._step_loads.issue(
+                [job for job in plan.jobs if job.synchronous], self._mover, before_forward
+            )
         fence = self._mover.fence() if jobs else None
         with self._lock:
             self._demoting = {s: f for s, f in self._demoting.items() if not f.done()}
@@ -146,6 +175,22 @@ class MiniFlexHandler:
                 self._ssd_queue.put((job, fence, fut))
             else:
                 self._queue.put((job, fence, fut))
+
+    def wait_layer(self, layer_name: str) -> None:
+        """Before attention layer ``layer_name`` runs: order it after this step's loads."""
+        self._step_loads.wait_layer(layer_name)
+
+    def finish_step_loads(self) -> None:
+        """The step's forward is issued: wait for its in-step loads and report them.
+
+        Their failed blocks are load errors of this step (vLLM recomputes them);
+        they are never reported as finished-receiving (vLLM did not wait).
+        """
+        if not self._step_loads:
+            return
+        for res in self._step_loads.finish():
+            self._results.append(res)
+            self._load_errors.update(res.failed_block_ids)
 
     def forward_started(self, plan: TransferPlan) -> None:
         """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
@@ -214,9 +259,11 @@ class MiniFlexHandler:
                     bad = {c.cpu for c in job.ssd if c.key in failed_keys}
                     chunks = tuple(c for c in chunks if c.slot not in bad)
                     failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
-                moved = self._mover.load(chunks, after=fence)
+                with self._mover_guard:
+                    moved = self._mover.load(chunks, after=fence)
             elif job.kind is JobKind.STORE:
-                moved = self._mover.store(job.chunks, after=fence)
+                with self._mover_guard:
+                    moved = self._mover.store(job.chunks, after=fence)
             elif job.kind is JobKind.DEMOTE:
                 failed_keys = self._copier().demote(job.ssd)
                 moved = (len(job.ssd) - len(failed_keys)) * self._copier().store.slot_bytes
@@ -271,6 +318,11 @@ class MiniFlexHandler:
         self._release -= sending
         return sending, recving
 
+    def take_probe(self) -> LoadProbe | None:
+        """The start-up load probe (:mod:`miniflex.connector.probe`), once."""
+        out, self._probe = self._probe, None
+        return out
+
     def take_results(self) -> list[JobResult]:
         out, self._results = self._results, []
         return out
@@ -280,6 +332,7 @@ class MiniFlexHandler:
         return out
 
     def shutdown(self) -> None:
+        self.finish_step_loads()
         if self._threads:
             self.drain()
             self._queue.put(None)

@@ -36,6 +36,8 @@ from miniflex.plan import (
     JobId,
     JobKind,
     JobResult,
+    LoadProbe,
+    LoadTiming,
     SlotCopy,
     TransferJob,
     TransferPlan,
@@ -69,6 +71,7 @@ class _Job:
     block_tiers: list[Tier] = field(default_factory=list)  # loads: tier of each job block
     copies: list[SlotCopy] = field(default_factory=list)  # demotions
     ok: bool = True
+    counted: bool = False  # loads: hits already credited to the request (settle_hits)
     failed_blocks: set[BlockId] = field(default_factory=set)
     failed_keys: set[ChunkKey] = field(default_factory=set)
 
@@ -88,7 +91,7 @@ class MiniFlexManager:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model)."""
         self.config = config
         self.ns = ns
-        self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens)
+        self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
         self._step = 0
         self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
         self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
@@ -161,23 +164,48 @@ class MiniFlexManager:
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
         st.decision = None
+        st.timing = LoadTiming.ASYNC
         hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
-        if hit and self.ssd is not None:
-            run = st.key_array[start : start + hit]
-            # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
-            tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
+        if hit:
+            if self.ssd is not None:
+                run = st.key_array[start : start + hit]
+                # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
+                tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
+            else:
+                tiers = [Tier.CPU] * hit
             hit = self._decide(st, tiers, num_tokens, num_computed)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
+        if end <= num_computed:
+            st.timing = LoadTiming.ASYNC
         return max(0, end - num_computed)
 
+    def load_async(self, req_id: ReqId) -> bool:
+        """Whether the hit of the request's last lookup loads asynchronously (vLLM's
+        ``load_kv_async``); False: it loads inside the step that computes the rest."""
+        st = self._reqs.get(req_id)
+        return st is None or st.timing is LoadTiming.ASYNC
+
     def _decide(self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int) -> int:
-        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``."""
-        if self.config.hit_policy == "load":
-            return len(tiers)
-        if self.config.hit_policy == "cpu":
-            return next((i for i, t in enumerate(tiers) if t is not Tier.CPU), len(tiers))
-        st.decision = self.cost.choose(tiers, num_tokens, num_computed)
-        return st.decision.load_chunks
+        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``, and how
+        (``st.timing``, by ``load_mode``)."""
+        mode = self.config.load_mode
+        layerwise = False
+        if self.config.hit_policy == "cost" and (self.ssd is not None or mode == "auto"):
+            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto")
+            n, layerwise = st.decision.load_chunks, st.decision.layerwise
+        else:
+            n = len(tiers)
+            if self.config.hit_policy == "cpu":
+                n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
+            if mode == "auto":
+                layerwise = self.cost.choose(tiers[:n], num_tokens, num_computed, True).layerwise
+        if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
+            st.timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
+        elif mode == "auto":
+            st.timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
+        else:
+            st.timing = LoadTiming(mode)
+        return n
 
     # ---- 2. allocation ----
     def on_alloc(self, req_id: ReqId, block_ids: Sequence[BlockId], num_external: int) -> None:
@@ -190,7 +218,14 @@ class MiniFlexManager:
         ct = self.ns.chunk_tokens
         first, end = st.num_computed_tokens, st.num_computed_tokens + num_external
         keys = st.keys[first // ct : -(-end // ct)]
-        st.load = PendingLoad(first, num_external, self.tiers.acquire(keys))
+        if st.timing is not LoadTiming.ASYNC:
+            # Only chunks still in CPU load inside the step; one that another request's
+            # promotion evicted since the lookup becomes a load error (recomputed).
+            keys = keys[: self.cpu.match(st.key_array[first // ct : -(-end // ct)])]
+        st.load = PendingLoad(first, num_external, self.tiers.acquire(keys), st.timing)
+        st.loaded_as = st.timing
+        self.stats.load_timing[st.timing.value] += 1
+        logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, st.timing.value)
         self._to_load.append(req_id)
 
     def _record_decision(self, st: ReqState) -> None:
@@ -203,12 +238,14 @@ class MiniFlexManager:
         self.stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
         st.ttft_start = time.perf_counter()
         logger.debug(
-            "MiniFlex %s: load %d of %d resident chunks, predicted TTFT %.1f ms "
-            "(load all %.1f ms, recompute %.1f ms)",
+            "MiniFlex %s: load %d of %d resident chunks %s, predicted TTFT %.1f ms "
+            "(async %.1f ms, load all %.1f ms, recompute %.1f ms)",
             st.req_id,
             d.load_chunks,
             d.resident_chunks,
+            "layerwise" if d.layerwise else "async",
             1e3 * d.predicted_s,
+            1e3 * d.async_s,
             1e3 * d.load_all_s,
             1e3 * d.recompute_s,
         )
@@ -261,11 +298,22 @@ class MiniFlexManager:
             self._clear_ssd = False
             jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
-        if tokens:
+        # A step that waited for a load inside its forward says little about prefill speed.
+        if tokens and not any(j.synchronous for j in loads):
             self._step_work[self._step] = (tokens, pairs)
             while len(self._step_work) > 256:  # steps whose timing never came back
                 del self._step_work[next(iter(self._step_work))]
         return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted, step=self._step)
+
+    def on_probes(self, probes: Iterable[LoadProbe]) -> None:
+        """The workers' start-up load probes: the cost model's first bandwidths (slowest rank)."""
+        probes = list(probes)
+        if probes:
+            slow = min(probes, key=lambda p: p.num_bytes / p.load_seconds)
+            slow_lw = min(probes, key=lambda p: p.num_bytes / p.layerwise_seconds)
+            self.cost.start_from_probe(
+                slow.num_bytes / slow.load_seconds, slow_lw.num_bytes / slow_lw.layerwise_seconds
+            )
 
     def on_step_times(self, times: Iterable[tuple[int, float]]) -> None:
         """Forward times the workers measured: calibrate the prefill model, close TTFTs."""
@@ -334,13 +382,20 @@ class MiniFlexManager:
             else:
                 chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
         promotions = tuple(SlotCopy(s.key, s.cpu, s.ssd) for s in load.sources if s.ssd is not None)
+        assert not (promotions and load.timing is not LoadTiming.ASYNC), "SSD reads load async"
         job = self._new_job(
-            st, JobKind.LOAD, chunks, unavailable=tuple(unavailable), ssd=promotions
+            st,
+            JobKind.LOAD,
+            chunks,
+            unavailable=tuple(unavailable),
+            ssd=promotions,
+            timing=load.timing,
         )
         self._jobs[job.job_id] = _Job(
             job, self.num_workers, sources=list(load.sources), block_tiers=block_tiers
         )
         st.load_job = job.job_id
+        st.load_job_sync = job.synchronous
         return job
 
     def _store_job(
@@ -407,16 +462,51 @@ class MiniFlexManager:
             else:
                 served = self._commit_load(rec)
                 if st is not None:
-                    st.load_job = None
-                    st.hit_tokens += sum(served.values())
-                    for tier, n in served.items():
-                        st.hit_by_tier[tier] = st.hit_by_tier.get(tier, 0) + n
+                    st.load_job, st.load_job_sync = None, False
+                    self._restore_stores(st, rec)
+                    if not rec.counted:
+                        self._credit(st, served)
             if not rec.ok:
                 self.stats.failed_jobs += 1
             if st is not None:
                 self._maybe_forget(st)
 
+    def _credit(self, st: ReqState, served: dict[str, int]) -> None:
+        st.hit_tokens += sum(served.values())
+        for tier, n in served.items():
+            st.hit_by_tier[tier] = st.hit_by_tier.get(tier, 0) + n
+
+    def settle_hits(self, req_id: ReqId) -> ReqState:
+        """The request's state as vLLM finishes it, its hits complete.
+
+        vLLM finishes a request before it hands the connector that step's
+        worker results, so the result of a load inside the finishing step may
+        still be on its way. It succeeded: vLLM recomputes, and does not
+        finish, a request whose load reported errors. Its hits are credited now.
+        """
+        st = self.state(req_id)
+        rec = self._jobs.get(st.load_job) if st.load_job is not None else None
+        if rec is not None and st.load_job_sync and not rec.counted:
+            rec.counted = True
+            served: dict[str, int] = {}
+            for tier in rec.block_tiers:
+                name = tier.name.lower()
+                served[name] = served.get(name, 0) + self.ns.block_size
+            self._credit(st, served)
+        return st
+
+    def _restore_stores(self, st: ReqState, rec: _Job) -> None:
+        """vLLM recomputes a load's blocks from the first failed one on: store them again
+        (a load inside a step had its stores planned as if it would succeed)."""
+        bad = set(rec.job.unavailable) | (rec.failed_blocks if rec.ok else set(rec.job.block_ids))
+        first = next((i for i, b in enumerate(st.block_ids) if b in bad), None)
+        if first is not None:
+            st.stored_chunks = min(st.stored_chunks, first // self.ns.blocks_per_chunk)
+
     def _observe_load(self, rec: _Job, r: JobResult) -> None:
+        if rec.job.timing is not LoadTiming.ASYNC:  # in-step: timed from issue, with compute
+            self.cost.observe_layerwise(r.num_bytes, r.seconds)
+            return
         promoted = sum(1 for s in rec.sources if s.ssd is not None) - len(r.failed_keys)
         if promoted > 0 and r.ssd_seconds > 0:
             self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
@@ -458,7 +548,7 @@ class MiniFlexManager:
             self.tiers.cancel(st.load.sources)
             st.load = None
             self._to_load = [r for r in self._to_load if r != req_id]
-        if st.load_job is not None:
+        if st.load_job is not None and not st.load_job_sync:
             # vLLM frees the blocks on the load's finished_recving; reporting a
             # release too would free them twice. Stores only follow computation,
             # and a preemption detaches them (build_plan), so there are none here.
@@ -500,6 +590,9 @@ class MiniFlexManager:
                 "calibrated": cost.calibrated,
                 "observed_steps": cost.observed_steps,
                 "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
+                "layerwise_load_GBps": None
+                if cost.layerwise_bandwidth is None
+                else cost.layerwise_bandwidth / 1e9,
                 "prefill": None
                 if prefill is None
                 else {

@@ -9,7 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from miniflex.plan import JobResult, TransferPlan
+from miniflex.plan import JobResult, LoadProbe, TransferPlan
 
 __all__ = ["MiniFlexMetadata", "MiniFlexWorkerMeta"]
 
@@ -28,9 +28,13 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     results: tuple[JobResult, ...]
     step_seconds: tuple[tuple[int, float], ...] = ()
     """``(step, forward seconds)`` measured by the worker (the cost model's prefill fit)."""
+    probes: tuple[LoadProbe, ...] = ()
+    """The start-up load probe, in the worker's first report."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, MiniFlexWorkerMeta), type(other)
         return MiniFlexWorkerMeta(
-            self.results + other.results, self.step_seconds + other.step_seconds
+            self.results + other.results,
+            self.step_seconds + other.step_seconds,
+            self.probes + other.probes,
         )

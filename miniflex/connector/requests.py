@@ -8,7 +8,7 @@ import numpy as np
 
 from miniflex.cost import Decision
 from miniflex.index import keys_to_array
-from miniflex.plan import JobId
+from miniflex.plan import JobId, LoadTiming
 from miniflex.tiers import ChunkSource
 from miniflex.types import BlockId, ChunkKey, ReqId
 
@@ -22,6 +22,7 @@ class PendingLoad:
     first_token: int  # vLLM's own hit: the load starts here
     num_tokens: int  # tokens MiniFlex promised to vLLM
     sources: list[ChunkSource]  # pinned, one per chunk from the load's first chunk on
+    timing: LoadTiming = LoadTiming.ASYNC
 
 
 @dataclass
@@ -39,9 +40,12 @@ class ReqState:
     num_prompt_tokens: int = 0  # the request's length at the last lookup
     decision: Decision | None = None  # the cost model's, at the last lookup
     decided: bool = False  # the decision was counted in stats
+    timing: LoadTiming = LoadTiming.ASYNC  # how the hit of the last lookup would load
     ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
     load: PendingLoad | None = None
     load_job: JobId | None = None
+    load_job_sync: bool = False  # load_job runs inside a step's forward (vLLM doesn't wait)
+    loaded_as: LoadTiming | None = None  # how its last load ran (None: never loaded)
     stored_chunks: int = 0  # leading chunks already stored, present or skipped
     store_jobs: set[JobId] = field(default_factory=set)
     finished: bool = False

@@ -7,7 +7,41 @@ from collections.abc import Sequence
 
 from miniflex.plan import ChunkMove
 
-__all__ = ["KVMover"]
+__all__ = ["DoneLoad", "KVMover", "LayerwiseLoad"]
+
+
+class LayerwiseLoad(ABC):
+    """A load issued layer by layer (:meth:`KVMover.load_layerwise`), still in flight.
+
+    vLLM's thread calls :meth:`wait_layer` before each attention layer reads
+    its KV, and :meth:`wait` once the step's forward has been issued.
+    """
+
+    @abstractmethod
+    def wait_layer(self, layer: int) -> None:
+        """Order the caller's work after layer ``layer``'s copies (0-based, vLLM's order).
+
+        On CUDA this makes the caller's current stream wait for the layer's
+        copy event: the CPU does not block, the GPU does only if the copy is
+        behind. Where copies are synchronous it returns at once.
+        """
+
+    @abstractmethod
+    def wait(self) -> int:
+        """Block until every layer is copied; the bytes moved. TransferError on failure."""
+
+
+class DoneLoad(LayerwiseLoad):
+    """A layerwise load that completed before it was returned (synchronous movers)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def wait_layer(self, layer: int) -> None:
+        return None
+
+    def wait(self) -> int:
+        return self.nbytes
 
 
 class KVMover(ABC):
@@ -20,6 +54,10 @@ class KVMover(ABC):
     number of bytes moved once the copy is complete (the destination may be read
     at once), and raise :class:`miniflex.errors.TransferError` on failure; a
     raise means the destination may hold partial data.
+
+    :meth:`load_layerwise` is the exception to "one thread": vLLM's thread
+    may call it while the transfer thread runs :meth:`store`/:meth:`load`, on
+    other slots and blocks; CUDA movers give it a stream of its own.
     """
 
     def fence(self) -> object:
@@ -38,3 +76,14 @@ class KVMover(ABC):
     @abstractmethod
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         """Copy each chunk's pool slot into its vLLM blocks (host -> device)."""
+
+    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+        """Start a load layer by layer, layer 0 first, and return without waiting for it.
+
+        Called on vLLM's thread before a forward that reads these blocks; the
+        forward calls :meth:`LayerwiseLoad.wait_layer` before each layer, so
+        layer ``l + 1`` copies while layer ``l`` computes. Raises TransferError
+        (before anything is queued) for chunks :meth:`load` would refuse.
+        This default loads everything at once and returns a finished load.
+        """
+        return DoneLoad(self.load(chunks, after))

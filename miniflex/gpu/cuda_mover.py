@@ -1,30 +1,34 @@
-"""What the kernel and DMA movers share: checks, the pinned pool, a stream, ordering.
+"""What the CUDA movers share: checks, the pinned pool, streams, ordering.
 
-Each CUDA mover owns one stream. A copy waits there for the caller's fence
-(an event recorded on vLLM's stream when the job was queued), runs, records
-an event, and the call returns once that event has completed, so the
-destination may be read at once (the KVMover contract). Only the transfer
-thread waits; vLLM's stream never does. A mover is used by one thread at a
-time; separate movers may run concurrently on separate threads.
+Each CUDA mover owns one stream for :meth:`store`/:meth:`load`. A copy waits
+there for the caller's fence (an event recorded on vLLM's stream when the job
+was queued), runs, records an event, and the call returns once that event has
+completed, so the destination may be read at once (the KVMover contract).
+Only the transfer thread waits; vLLM's stream never does.
+
+:meth:`load_layerwise` runs on a second stream of its own, called from vLLM's
+thread: it queues one copy per layer, records an event after each, and
+returns at once; :meth:`CudaLayerwiseLoad.wait_layer` makes vLLM's stream
+wait for that layer's event only.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from miniflex.errors import TransferError
 from miniflex.gpu import pinning
-from miniflex.gpu.base import KVMover
+from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
 from miniflex.gpu.pages import NO_BLOCK, page_table
 from miniflex.layout import KVLayout
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
 
-__all__ = ["CudaMover", "check_cuda_caches"]
+__all__ = ["CudaLayerwiseLoad", "CudaMover", "check_cuda_caches"]
 
 
 def check_cuda_caches(layout: KVLayout, kv_caches: Mapping[str, torch.Tensor]) -> torch.device:
@@ -71,6 +75,7 @@ class CudaMover(KVMover):
         self.layer_ptrs = [int(t.data_ptr()) for t in kv_caches.values()]
         self.rows_per_slot = pool.slot_bytes // g.page_bytes
         self.stream = torch.cuda.Stream(self.device)
+        self.layer_stream = torch.cuda.Stream(self.device)  # load_layerwise, vLLM's thread
 
     def fence(self) -> object:
         event = torch.cuda.Event()
@@ -83,33 +88,86 @@ class CudaMover(KVMover):
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         return self._move(chunks, after, to_pool=False)
 
+    def _pages(self, chunks: Sequence[ChunkMove], after: object) -> tuple[np.ndarray, ...]:
+        """The validated page table of a call, and a check of ``after``."""
+        g = self.layout.geometry
+        if after is not None and not isinstance(after, torch.cuda.Event):
+            raise TransferError(f"'after' must be a marker from fence(), got {type(after)}")
+        return page_table(chunks, g.blocks_per_chunk, self.rows_per_slot, self.layout.num_blocks)
+
     def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
         g = self.layout.geometry
-        blocks, rows = page_table(
-            chunks, g.blocks_per_chunk, self.rows_per_slot, self.layout.num_blocks
-        )
+        blocks, rows = self._pages(chunks, after)
         pages = int(np.count_nonzero(blocks != NO_BLOCK))
         if pages == 0:
             return 0
-        if after is not None and not isinstance(after, torch.cuda.Event):
-            raise TransferError(f"'after' must be a marker from fence(), got {type(after)}")
         done = torch.cuda.Event()
         try:
             with torch.cuda.device(self.device_index), torch.cuda.stream(self.stream):
                 if after is not None:
                     self.stream.wait_event(after)
-                self._copy(blocks, rows, to_pool)
+                self._copy(blocks, rows, to_pool, range(g.num_layers))
                 done.record(self.stream)
             done.synchronize()
         except RuntimeError as exc:  # CUDA errors from torch, CuPy or the driver
             raise TransferError(f"{type(self).__name__} copy failed: {exc}") from exc
         return pages * g.num_layers * g.page_bytes
 
+    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+        g = self.layout.geometry
+        blocks, rows = self._pages(chunks, after)
+        pages = int(np.count_nonzero(blocks != NO_BLOCK))
+        if pages == 0:
+            return DoneLoad(0)
+        events = []
+        try:
+            with torch.cuda.device(self.device_index), torch.cuda.stream(self.layer_stream):
+                if after is not None:
+                    self.layer_stream.wait_event(after)
+                for _ in self._load_by_layer(blocks, rows):
+                    event = torch.cuda.Event()
+                    event.record(self.layer_stream)
+                    events.append(event)
+        except RuntimeError as exc:
+            raise TransferError(f"{type(self).__name__} layerwise load failed: {exc}") from exc
+        assert len(events) == g.num_layers, "one event per layer"
+        return CudaLayerwiseLoad(self.device, events, pages * g.num_layers * g.page_bytes)
+
+    def _load_by_layer(self, blocks: np.ndarray, rows: np.ndarray) -> Iterator[int]:
+        """Queue each layer's load on the current stream, yielding after each (layer 0 first).
+
+        This default calls :meth:`_copy` per layer; movers whose ``_copy``
+        reuses host-side buffers between calls override it, since nothing
+        here waits for one layer before the next is queued.
+        """
+        for layer in range(self.layout.geometry.num_layers):
+            self._copy(blocks, rows, False, range(layer, layer + 1))
+            yield layer
+
     @abstractmethod
-    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool) -> None:
-        """Enqueue the copy of every layer's pages on ``self.stream`` (the current stream).
+    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool, layers: range) -> None:
+        """Enqueue the copy of ``layers``' pages on the current stream (``self.stream``).
 
         ``(blocks, rows)`` is the validated :func:`~miniflex.gpu.pages.page_table`
         of the call: ``blocks_per_chunk`` entries per chunk, ``NO_BLOCK`` where a
         partial chunk moves nothing. Must not wait for the copy.
         """
+
+
+class CudaLayerwiseLoad(LayerwiseLoad):
+    """Per-layer events of a load queued by :meth:`CudaMover.load_layerwise`."""
+
+    def __init__(self, device: torch.device, events: list[torch.cuda.Event], nbytes: int) -> None:
+        self._device = device
+        self._events = events
+        self.nbytes = nbytes
+
+    def wait_layer(self, layer: int) -> None:
+        torch.cuda.current_stream(self._device).wait_event(self._events[layer])
+
+    def wait(self) -> int:
+        try:
+            self._events[-1].synchronize()  # one stream: the last layer's event covers all
+        except RuntimeError as exc:
+            raise TransferError(f"layerwise load failed: {exc}") from exc
+        return self.nbytes

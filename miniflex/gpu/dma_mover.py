@@ -49,7 +49,6 @@ class DMAMover(CudaMover):
         has_batch = hasattr(drv, "cuMemcpyBatchAsync") and version >= _BATCH_API_VERSION
         self.batch_api = has_batch if batch_api is None else batch_api and has_batch
         self._mergeable = layout.block_stride == layout.geometry.page_bytes
-        self._cu_stream = drv.CUstream(self.stream.cuda_stream)
         attrs = drv.CUmemcpyAttributes()
         attrs.srcAccessOrder = drv.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
         attrs.flags = drv.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
@@ -60,23 +59,25 @@ class DMAMover(CudaMover):
             :, None
         ]
 
-    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool) -> None:
+    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool, layers: range) -> None:
         g = self.layout.geometry
         moved = blocks != NO_BLOCK
         block0, row0, length = merge_runs(blocks[moved], rows[moved], self._mergeable)
-        dev = self._layer_ptrs + block0[None, :] * self.layout.block_stride  # [layers, runs]
-        host = self.pool_ptr + (row0[None, :] + self._layer_rows) * g.page_bytes
+        ptrs, layer_rows = self._layer_ptrs[layers], self._layer_rows[layers]
+        dev = ptrs + block0[None, :] * self.layout.block_stride  # [layers, runs]
+        host = self.pool_ptr + (row0[None, :] + layer_rows) * g.page_bytes
         sizes = np.broadcast_to(length * g.page_bytes, dev.shape)
         # In pool order: sequential host memory moves faster than scattered pages.
         order = np.argsort(host, axis=None)
         src, dst = (dev, host) if to_pool else (host, dev)
         flat = src.ravel()[order], dst.ravel()[order], sizes.ravel()[order]
         cuda_driver.make_current(self._ctx)
+        stream = self._drv.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         issue = self._issue_batch if self.batch_api else self._issue_each
         for i in range(0, dev.size, BATCH):
-            issue(*(a[i : i + BATCH].tolist() for a in flat))
+            issue(stream, *(a[i : i + BATCH].tolist() for a in flat))
 
-    def _issue_batch(self, src: list[int], dst: list[int], sizes: list[int]) -> None:
+    def _issue_batch(self, stream: Any, src: list[int], dst: list[int], sizes: list[int]) -> None:
         ptr = self._drv.CUdeviceptr
         cuda_driver.check(
             self._drv.cuMemcpyBatchAsync(
@@ -87,13 +88,13 @@ class DMAMover(CudaMover):
                 self._attrs,
                 [0],
                 1,
-                self._cu_stream,
+                stream,
             ),
             "cuMemcpyBatchAsync",
         )
 
-    def _issue_each(self, src: list[int], dst: list[int], sizes: list[int]) -> None:
+    def _issue_each(self, stream: Any, src: list[int], dst: list[int], sizes: list[int]) -> None:
         copy: Any = self._drv.cuMemcpyAsync
         ptr = self._drv.CUdeviceptr
         for s, d, n in zip(src, dst, sizes, strict=True):
-            cuda_driver.check(copy(ptr(d), ptr(s), n, self._cu_stream), "cuMemcpyAsync")
+            cuda_driver.check(copy(ptr(d), ptr(s), n, stream), "cuMemcpyAsync")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +76,6 @@ class KernelMover(CudaMover):
         vec: int | None = None,
     ) -> None:
         super().__init__(layout, kv_caches, pool)
-        import cupy
-
         g = layout.geometry
         aligned = {
             f"layer {n} address": ptr for n, ptr in zip(kv_caches, self.layer_ptrs, strict=True)
@@ -93,40 +91,87 @@ class KernelMover(CudaMover):
             raise TransferError(f"the kernel mover needs at least one CTA, got {ctas}")
         self.ctas = ctas or DEFAULT_CTAS
         self._kernel = compiled_kernel(self.vec, UNROLL, self.device_index)
-        self._cupy_stream = _cupy_view(cupy, self.stream, self.device_index)
+        self._cupy_streams: dict[int, Any] = {}
         self._layers = torch.tensor(self.layer_ptrs, dtype=torch.int64, device=self.device)
         self._host_table = torch.empty((0, 2), dtype=torch.int64)
         self._dev_table = torch.empty((0, 2), dtype=torch.int64, device=self.device)
 
     def _table(self, blocks: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-        """Upload the ``(block, row)`` pairs on the mover's stream; returns the device copy."""
+        """Upload the ``(block, row)`` pairs on the current stream; returns the device copy.
+
+        The buffers are reused: only for calls on ``self.stream``, each of
+        which has completed before the next starts.
+        """
         n = len(blocks)
         if self._host_table.shape[0] < n:
             cap = max(n, 2 * self._host_table.shape[0], 1024)
             self._host_table = torch.empty((cap, 2), dtype=torch.int64, pin_memory=True)
             self._dev_table = torch.empty((cap, 2), dtype=torch.int64, device=self.device)
-        host = self._host_table.numpy()  # reused: the previous call has completed
+        host = self._host_table.numpy()
         host[:n, 0] = blocks
         host[:n, 1] = rows
         self._dev_table[:n].copy_(self._host_table[:n], non_blocking=True)
         return self._dev_table
 
-    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool) -> None:
+    def _fresh_table(self, blocks: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+        """A table of its own for a call that returns before its copies run.
+
+        torch's pinned-memory allocator does not hand the staging host memory
+        out again until the upload queued from it has run, and the device
+        copy is freed back to the current stream, after the kernels using it.
+        """
+        host = torch.from_numpy(np.stack([blocks, rows], axis=1)).pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool, layers: range) -> None:
+        table = self._table(blocks, rows)
+        self._launch(table.data_ptr(), len(blocks), to_pool, layers, self.pool_ptr, self.ctas)
+
+    def _load_by_layer(self, blocks: np.ndarray, rows: np.ndarray) -> Iterator[int]:
+        table = self._fresh_table(blocks, rows)  # one upload serves every layer
+        for layer in range(self.layout.geometry.num_layers):
+            self._launch(
+                table.data_ptr(), len(blocks), False, range(layer, layer + 1), self.pool_ptr,
+                self.ctas,
+            )  # fmt: skip
+            yield layer
+
+    def _launch(
+        self, table: int, entries: int, to_pool: bool, layers: range, pool: int, ctas: int
+    ) -> None:
+        """One launch on the current stream: ``entries`` table rows (whole chunks), ``layers``.
+
+        ``table`` is the device address of the first ``(block, row)`` pair and
+        ``pool`` the device address of row 0 of the pool (or of a staging
+        buffer laid out like it).
+        """
         import cupy
 
         g = self.layout.geometry
-        table = self._table(blocks, rows)
-        items = len(blocks) * g.num_layers
+        items = entries * len(layers)
         args = (
             np.uint64(self._layers.data_ptr()),
-            np.uint64(table.data_ptr()),
-            np.uint64(self.pool_ptr),
-            np.int64(len(blocks) // g.blocks_per_chunk),
+            np.uint64(table),
+            np.uint64(pool),
+            np.int64(entries // g.blocks_per_chunk),
             np.int32(g.blocks_per_chunk),
-            np.int32(g.num_layers),
+            np.int32(layers.start),
+            np.int32(len(layers)),
             np.int64(self.layout.block_stride),
             np.int64(g.page_bytes),
             np.int32(1 if to_pool else 0),
         )
-        with cupy.cuda.Device(self.device_index), self._cupy_stream:
-            self._kernel((min(self.ctas, items),), (THREADS,), args, stream=self._cupy_stream)
+        stream = self._cupy_stream()
+        with cupy.cuda.Device(self.device_index), stream:
+            self._kernel((max(1, min(ctas, items)),), (THREADS,), args, stream=stream)
+
+    def _cupy_stream(self) -> Any:
+        """CuPy's handle on the current torch stream (made once per stream)."""
+        import cupy
+
+        current = torch.cuda.current_stream(self.device)
+        view = self._cupy_streams.get(current.cuda_stream)
+        if view is None:
+            view = _cupy_view(cupy, current, self.device_index)
+            self._cupy_streams[current.cuda_stream] = view
+        return view

@@ -3,8 +3,9 @@
 * ``cpu``: :class:`~miniflex.gpu.cpu_mover.TorchMover`, on any device;
 * ``kernel``: :class:`~miniflex.gpu.kernel_mover.KernelMover` (CUDA + CuPy);
 * ``dma``: :class:`~miniflex.gpu.dma_mover.DMAMover` (CUDA + cuda-bindings);
+* ``staged``: :class:`~miniflex.gpu.staged_mover.StagedMover` (CUDA + CuPy);
 * ``auto``: the tuning cache's winner for this GPU, layout and chunk size
-  (``miniflex tune`` writes it), else ``kernel`` where the KV cache is on
+  (``miniflex tune`` writes it), else ``staged`` where the KV cache is on
   CUDA and CuPy is installed, else ``cpu``.
 
 The CUDA movers are imported only when chosen, so nothing here loads CuPy or
@@ -31,10 +32,11 @@ __all__ = ["MOVERS", "cuda_mover_problem", "make_mover"]
 
 logger = logging.getLogger("miniflex.gpu")
 
-MOVERS = ("auto", "cpu", "kernel", "dma")
+MOVERS = ("auto", "cpu", "kernel", "dma", "staged")
 _NEEDS = {
     "kernel": ("cupy", "CuPy (pip install cupy-cuda13x, or cupy-cuda12x on CUDA 12)"),
     "dma": ("cuda.bindings", "cuda-bindings (pip install cuda-bindings)"),
+    "staged": ("cupy", "CuPy (pip install cupy-cuda13x, or cupy-cuda12x on CUDA 12)"),
 }
 
 
@@ -72,7 +74,7 @@ def make_mover(
     wants_tuning = name == "auto" or (name == "kernel" and not config.kernel_ctas)
     tuned = _tuned(config, layout, kv_caches) if on_cuda and wants_tuning else None
     if name == "auto":
-        name = tuned.mover if tuned else "kernel" if on_cuda else "cpu"
+        name = tuned.mover if tuned else "staged" if on_cuda else "cpu"
         problem = cuda_mover_problem(name, on_cuda) if name != "cpu" else None
         if problem:
             logger.warning("MiniFlex mover 'auto': %s; using the 'cpu' mover", problem)
@@ -88,6 +90,10 @@ def make_mover(
 
         ctas = config.kernel_ctas or (tuned.ctas if tuned else None)
         return KernelMover(layout, kv_caches, pool, ctas=ctas, vec=tuned.vec if tuned else None)
+    if name == "staged":
+        from miniflex.gpu.staged_mover import StagedMover
+
+        return StagedMover(layout, kv_caches, pool, ctas=config.kernel_ctas or None)
     from miniflex.gpu.dma_mover import DMAMover
 
     return DMAMover(layout, kv_caches, pool)

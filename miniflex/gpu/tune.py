@@ -8,13 +8,14 @@ Usable from Python (a notebook) as well as from the command line::
 
 For each chunk size it builds a synthetic KV cache of that shape on the GPU
 and a pinned pool, times every candidate (kernel mover per CTA count and
-vector width, DMA mover, and the torch mover as a reference) on the same
+vector width, the staged and DMA movers, and the torch mover as a reference) on the same
 random non-contiguous chunks, and stores the winner in the tuning cache
 (:mod:`miniflex.gpu.tune_cache`) under this GPU, layout and chunk size.
 
 The winner is the fastest by the harmonic mean of store and load bandwidth,
 except that a candidate within ``TOLERANCE`` of it that costs fewer SMs is
-preferred: DMA (no SMs) first, then the kernel with the fewest CTAs.
+preferred: DMA (no SMs) first, then staged (SMs only for on-GPU page
+moves), then the kernel with the fewest CTAs.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class Candidate:
     @property
     def sm_cost(self) -> float:
         """Order of preference among near-equals: SMs taken from vLLM's compute."""
-        return {"dma": 0.0, "kernel": float(self.ctas or 0)}.get(self.mover, float("inf"))
+        costs = {"dma": 0.0, "staged": 1.0, "kernel": float(self.ctas or 0)}
+        return costs.get(self.mover, float("inf"))
 
     def build(self, layout: KVLayout, kv: dict[str, torch.Tensor], pool: HostPool) -> KVMover:
         if self.mover == "cpu":
@@ -87,6 +89,10 @@ class Candidate:
             from miniflex.gpu.kernel_mover import KernelMover
 
             return KernelMover(layout, kv, pool, ctas=self.ctas, vec=self.vec)
+        if self.mover == "staged":
+            from miniflex.gpu.staged_mover import StagedMover
+
+            return StagedMover(layout, kv, pool, ctas=self.ctas)
         from miniflex.gpu.dma_mover import DMAMover
 
         return DMAMover(layout, kv, pool)
@@ -113,9 +119,9 @@ class TuneResult:
 
 
 def default_candidates(ctas: Sequence[int] = CTAS_SWEEP, vecs: Sequence[int] = (16, 8)):
-    """Kernel for each CTA count and vector width, DMA, and torch as the reference."""
+    """Kernel for each CTA count and vector width, staged, DMA, and torch as the reference."""
     kernels = [Candidate("kernel", c, v) for v in vecs for c in ctas]
-    return [*kernels, Candidate("dma"), Candidate("cpu")]
+    return [*kernels, Candidate("staged"), Candidate("dma"), Candidate("cpu")]
 
 
 def time_mover(mover: KVMover, chunks: Sequence[ChunkMove], repeat: int) -> tuple[float, float]:

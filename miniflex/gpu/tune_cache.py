@@ -28,7 +28,7 @@ from miniflex.layout import KVLayout
 __all__ = ["VERSION", "TuneChoice", "lookup", "read_cache", "tune_key", "write_choice"]
 
 VERSION = 1
-_MOVERS = ("kernel", "dma", "cpu")
+_MOVERS = ("kernel", "dma", "staged", "cpu")
 
 
 @dataclass(frozen=True)

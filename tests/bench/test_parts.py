@@ -25,10 +25,23 @@ TIERS = TierSizes(
 
 def test_unknown_configuration_lists_the_valid_ones() -> None:
     with pytest.raises(
-        ConfigError, match="apc, native, miniflex-cpu, miniflex-ssd, native-fs, lmcache"
+        ConfigError,
+        match="apc, native, miniflex-cpu, miniflex-ssd, native-fs, lmcache, miniflex-sync, "
+        "miniflex-layerwise, miniflex-async",
     ):
         parse_configs("apc,vllm-magic")
     assert [c.name for c in parse_configs("miniflex-cpu, apc")] == ["miniflex-cpu", "apc"]
+
+
+def test_load_mode_configurations_differ_from_miniflex_cpu_only_in_load_mode() -> None:
+    base = CONFIGS["miniflex-cpu"].kv_transfer(TIERS)
+    assert base is not None
+    for mode in ("sync", "layerwise", "async"):
+        cfg = CONFIGS[f"miniflex-{mode}"].kv_transfer(TIERS)
+        assert cfg is not None
+        extra = dict(cfg["kv_connector_extra_config"])
+        assert extra.pop("load_mode") == mode
+        assert {**cfg, "kv_connector_extra_config": extra} == base
 
 
 def test_each_configuration_builds_its_kv_transfer_config() -> None:

@@ -33,27 +33,73 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from miniflex.connector import MiniFlexConnector
-from miniflex.gpu.base import KVMover
+from miniflex.errors import TransferError
+from miniflex.gpu.base import KVMover, LayerwiseLoad
 from miniflex.plan import ChunkMove
 
 BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
 
 
-class GatedMover(KVMover):
-    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight."""
+class DeferredLoad(LayerwiseLoad):
+    """A layerwise load whose layer ``l`` lands in vLLM's blocks only at ``wait_layer(l)``
+    (or ``wait()``), as if its copy were still in flight until then: a forward that reads
+    a layer without waiting for it reads the blocks' old bytes."""
 
-    def __init__(self, inner: KVMover) -> None:
+    def __init__(self, kv: list[torch.Tensor], blocks: list[int], nbytes: int, log: list) -> None:
+        self._kv, self._blocks, self._nbytes, self._log = kv, blocks, nbytes, log
+        self._loaded = [t[blocks].clone() for t in kv]
+        self._pending = set(range(len(kv)))
+
+    def wait_layer(self, layer: int) -> None:
+        self._log.append(("wait", layer))
+        if layer in self._pending:
+            self._pending.discard(layer)
+            self._kv[layer][self._blocks] = self._loaded[layer]
+
+    def wait(self) -> int:
+        for layer in sorted(self._pending):
+            self._kv[layer][self._blocks] = self._loaded[layer]
+        self._pending.clear()
+        return self._nbytes
+
+
+class GatedMover(KVMover):
+    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight.
+
+    Its ``load_layerwise`` defers each layer's bytes until the layer is waited for
+    (``DeferredLoad``); ``fail_layerwise`` makes the next one raise at issue.
+    """
+
+    def __init__(self, inner: KVMover, kv: dict[str, torch.Tensor]) -> None:
         self.inner = inner
+        self.kv = list(kv.values())
         self.gate = threading.Event()
         self.gate.set()
+        self.lock = threading.Lock()  # the torch mover's staging buffer is not shared-safe
+        self.fail_layerwise = False
+        self.log: list[tuple[str, int]] = []  # ("wait", layer) and the harness's ("read", layer)
 
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()
-        return self.inner.store(chunks, after)
+        with self.lock:
+            return self.inner.store(chunks, after)
 
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()
-        return self.inner.load(chunks, after)
+        with self.lock:
+            return self.inner.load(chunks, after)
+
+    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+        if self.fail_layerwise:
+            self.fail_layerwise = False
+            raise TransferError("injected failure at issue")
+        blocks = [b for c in chunks for b in c.block_ids]
+        before = [t[blocks].clone() for t in self.kv]
+        nbytes = self.load(chunks, after)
+        deferred = DeferredLoad(self.kv, blocks, nbytes, self.log)
+        for t, old in zip(self.kv, before, strict=True):
+            t[blocks] = old  # not landed yet
+        return deferred
 
     def fence(self) -> object:
         return self.inner.fence()
@@ -67,6 +113,9 @@ class Harness:
     mover: GatedMover
     requests: dict[str, Request]
     kv_stats: list[dict] = field(default_factory=list)
+    params: dict[str, dict] = field(default_factory=dict)  # finished request -> kv_transfer_params
+    layers_read: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
+    """(request, block index, layer) -> the page the last step's forward read."""
 
     @property
     def manager_side(self) -> MiniFlexConnector:
@@ -129,6 +178,9 @@ class Harness:
             stats = eco.scheduler_stats.kv_connector_stats if eco.scheduler_stats else None
             if stats:
                 self.kv_stats.append(stats)
+            for o in eco.outputs:  # what the finished request returns to its caller
+                if o.kv_transfer_params:
+                    self.params[o.request_id] = o.kv_transfer_params
         return so
 
     def cached_in_miniflex_only(self, req_id: str, tokens: list[int]) -> int:
@@ -153,14 +205,32 @@ class Harness:
         return torch.randn(HEADS, BLOCK, 2 * HEAD, generator=gen).half()
 
     def _compute(self, so: SchedulerOutput) -> None:
-        for r, n in so.num_scheduled_tokens.items():
-            req = self.requests[r]
-            (block_ids,) = self.sched.kv_cache_manager.get_block_ids(r)
-            # schedule() has already advanced num_computed_tokens past this step's tokens
-            start, end = req.num_computed_tokens - n, req.num_computed_tokens
-            for b in range(start // BLOCK, min(end // BLOCK, len(req.block_hashes))):
-                for layer, t in enumerate(self.kv.values()):
+        """Layer by layer, as vLLM's attention layers run (each waits for its KV first)."""
+        self.layers_read = {}
+        for layer, (name, t) in enumerate(self.kv.items()):
+            if so.num_scheduled_tokens:
+                self.worker.wait_for_layer_load(name)
+                self.mover.log.append(("read", layer))
+            for r, n in so.num_scheduled_tokens.items():
+                req = self.requests[r]
+                (block_ids,) = self.sched.kv_cache_manager.get_block_ids(r)
+                # what attention reads: the request's earlier blocks (loaded or computed)
+                computed = req.num_computed_tokens - n
+                for b in range(computed // BLOCK):
+                    self.layers_read[(r, b, layer)] = t[block_ids[b]].clone()
+                # schedule() has already advanced num_computed_tokens past this step's tokens
+                start, end = computed, req.num_computed_tokens
+                for b in range(start // BLOCK, min(end // BLOCK, len(req.block_hashes))):
                     t[block_ids[b]] = self.page(req, b, layer)
+
+    def read_matches(self, req: Request, num_blocks: int) -> bool:
+        """The last step's forward read the right bytes of the first ``num_blocks`` blocks."""
+        r = req.request_id
+        return all(
+            torch.equal(self.layers_read[(r, b, layer)], self.page(req, b, layer))
+            for b in range(num_blocks)
+            for layer in range(LAYERS)
+        )
 
     def loaded_blocks_match(self, req: Request, num_blocks: int) -> bool:
         (block_ids,) = self.sched.kv_cache_manager.get_block_ids(req.request_id)
@@ -187,8 +257,12 @@ def make_harness(
     cpu_bytes: str = "1MiB",
     max_batched: int = 512,
     extra: dict | None = None,
+    load_mode: str = "async",
 ) -> Harness:
-    """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's)."""
+    """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's).
+
+    ``load_mode`` defaults to ``async``: most flows here test requests waiting
+    for their load; in-step loads have tests of their own."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,'
@@ -212,6 +286,7 @@ def make_harness(
         kv_connector_extra_config={
             "cpu_bytes": cpu_bytes,
             "blocks_per_chunk": blocks_per_chunk,
+            "load_mode": load_mode,
             **(extra or {}),
         },
     )
@@ -249,6 +324,7 @@ def make_harness(
         log_stats=True,
     )
     handler = worker.handler
-    mover = GatedMover(handler._mover)  # the real mover, made pausable
+    mover = GatedMover(handler._mover, kv)  # the real mover, made pausable
     handler._mover = mover
+    handler._bind_step_loads(kv)
     return Harness(sched, worker, kv, mover, {})

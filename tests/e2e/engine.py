@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ class Result:
     num_cached_tokens: int
     miniflex_hit_tokens: int | None
     hit_by_tier: dict[str, int]  # e.g. {"cpu": 640, "ssd": 320}
+    load: str | None = None  # how MiniFlex loaded the hit: "async", "sync", "layerwise"
 
 
 def expected_hit(n_tokens: int) -> int:
@@ -57,8 +60,22 @@ def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
         num_cached_tokens=out.num_cached_tokens or 0,
         miniflex_hit_tokens=offline.miniflex_hit_tokens(out),
         hit_by_tier=offline.miniflex_hits_by_tier(out),
+        load=((out.kv_transfer_params or {}).get("miniflex") or {}).get("load"),
     )
 
 
 def close(llm: Any) -> None:
     offline.shutdown_llm(llm)
+
+
+def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """``miniflex bench ARGS`` in a fresh interpreter; fails the test unless it exits 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "miniflex.cli", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine import expected_hit
+from tests.e2e.engine import expected_hit, run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -52,19 +52,13 @@ def direct_io_dir(*candidates: Path) -> Path:
 def run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("bench")
     ssd = direct_io_dir(tmp_path_factory.mktemp("ssd"), Path("/var/tmp"))
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "miniflex.cli", "bench", ",".join(WORKLOADS)),
-            *("--configs", "apc,native,miniflex-cpu,miniflex-ssd", "--model", str(tiny_model)),
-            *ARGS,
-            *("--out-dir", str(out), "--tag", "smoke", "--ssd-dir", str(ssd)),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        ",".join(WORKLOADS),
+        *("--configs", "apc,native,miniflex-cpu,miniflex-ssd", "--model", str(tiny_model)),
+        *ARGS,
+        *("--out-dir", str(out), "--tag", "smoke", "--ssd-dir", str(ssd)),
         timeout=900,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out, proc.stdout, proc.stderr
 
 

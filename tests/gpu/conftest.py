@@ -31,6 +31,9 @@ MOVERS = [
     pytest.param("kernel", {"ctas": 16, "vec": 8}, id="kernel-16cta-vec8"),
     pytest.param("dma", {}, id="dma"),
     pytest.param("dma", {"batch_api": False}, id="dma-memcpy"),
+    pytest.param("staged", {}, id="staged"),
+    # One slot per lane, two lanes: every call cycles the lanes (their events) many times.
+    pytest.param("staged", {"lanes": 2, "lane_bytes": 1, "ctas": 3}, id="staged-2x1slot"),
     pytest.param("cpu", {}, id="torch"),
 ]
 
@@ -66,6 +69,12 @@ def make_mover(name: str, layout: KVLayout, kv: dict, pool: HostPool, **kw: obje
         from miniflex.gpu.dma_mover import DMAMover
 
         return DMAMover(layout, kv, pool, **kw)  # type: ignore[arg-type]
+    if name == "staged":
+        if not HAVE_CUPY:
+            pytest.skip("the staged mover needs CuPy")
+        from miniflex.gpu.staged_mover import StagedMover
+
+        return StagedMover(layout, kv, pool, **kw)  # type: ignore[arg-type]
     return TorchMover(layout, kv, pool)
 
 

@@ -35,8 +35,10 @@ def test_configured_movers_are_built(pools, tmp_path) -> None:
     assert (
         type(make_mover(config(tmp_path, mover="cpu"), layout, kv, pool)).__name__ == "TorchMover"
     )
+    staged = make_mover(config(tmp_path, mover="staged", kernel_ctas=5), layout, kv, pool)
+    assert type(staged).__name__ == "StagedMover" and staged.staged_ctas == 5  # type: ignore[attr-defined]
     auto = make_mover(config(tmp_path), layout, kv, pool)  # no tuning cache yet
-    assert type(auto).__name__ == "KernelMover"
+    assert type(auto).__name__ == "StagedMover"
 
 
 def test_auto_and_kernel_follow_the_tuning_cache(pools, tmp_path) -> None:

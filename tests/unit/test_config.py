@@ -121,3 +121,12 @@ def test_direct_construction_is_validated_too() -> None:
 def test_docs_table_matches_the_code() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
     assert config_table() in doc, "docs/config.md is out of date: paste config_table() into it"
+
+
+def test_load_mode_defaults_to_auto_and_rejects_unknown_modes() -> None:
+    assert MiniFlexConfig.from_dict({}, env={}).load_mode == "auto"
+    assert MiniFlexConfig.from_dict({"load_mode": "Layerwise"}, env={}).load_mode == "layerwise"
+    env = {"MINIFLEX_LOAD_MODE": "sync"}
+    assert MiniFlexConfig.from_dict({"load_mode": "async"}, env=env).load_mode == "sync"
+    with pytest.raises(ConfigError, match=r"load_mode.*'auto', 'layerwise', 'sync', 'async'"):
+        MiniFlexConfig.from_dict({"load_mode": "overlap"}, env={})

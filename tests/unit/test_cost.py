@@ -99,3 +99,82 @@ def test_config_overrides_fix_the_model() -> None:
     m.observe_load(CPU, 1 << 30, 1.0)
     m.observe_step(1000, 1e6, 5.0)
     assert m.bandwidth[CPU] == 20e9 and m.prefill == PrefillFit(0.0, 1e-4, 0.0)
+
+
+# ---- layerwise (load_mode=auto) ----
+def layered(cpu_gbps: float, per_token: float, layers: int = 32) -> CostModel:
+    return CostModel(
+        CHUNK_BYTES,
+        CHUNK_TOKENS,
+        {CPU: cpu_gbps * 1e9, SSD: 1e9},
+        prefill=PrefillFit(0.0, per_token, 0.0),
+        num_layers=layers,
+    )
+
+
+def test_layerwise_hides_a_cpu_load_behind_the_prefill_of_the_suffix() -> None:
+    # 10 chunks of 64 MiB at 50 GB/s: 13.4 ms of copies; 1000 new tokens: 100 ms of prefill
+    m = layered(cpu_gbps=50, per_token=1e-4)
+    d = m.choose([CPU] * 10, prompt_tokens=10 * CHUNK_TOKENS + 1000, gpu_hit=0, overlap=True)
+    load = 10 * CHUNK_BYTES / 50e9
+    assert d.layerwise and d.load_chunks == 10
+    assert d.predicted_s == pytest.approx(0.1 + load / 32)  # max(load, prefill) + a layer
+    assert d.async_s == pytest.approx(load + 0.1)  # load, then prefill (no step seen yet)
+    assert d.predicted_s < d.async_s
+
+
+def test_a_load_much_longer_than_the_suffix_prefill_stays_async() -> None:
+    # one layer's copy (10 chunks at 0.1 GB/s over 2 layers: 3.4 s) dwarfs 1 token of prefill
+    m = layered(cpu_gbps=0.1, per_token=1e-6, layers=2)
+    d = m.choose([CPU] * 10, prompt_tokens=10 * CHUNK_TOKENS + 1, gpu_hit=0, overlap=True)
+    assert not d.layerwise and d.predicted_s == d.async_s
+
+
+def test_async_pays_one_engine_step_as_observed() -> None:
+    m = layered(cpu_gbps=50, per_token=1e-4)
+    m.observe_step(10, 0.0, 0.5)  # the engine's steps take 0.5 s now
+    d = m.choose([CPU] * 2, prompt_tokens=2 * CHUNK_TOKENS + 10, gpu_hit=0, overlap=True)
+    assert d.async_s == pytest.approx(2 * CHUNK_BYTES / 50e9 + 10e-4 + 0.5)
+    assert d.layerwise
+
+
+def test_a_slow_layerwise_path_sends_a_whole_hit_async_but_keeps_a_partial_one() -> None:
+    # Whole-slot copies at 50 GB/s, but layer-by-layer copies were seen at 20 GB/s.
+    m = layered(cpu_gbps=50, per_token=1e-4)
+    m.observe_step(10, 0.0, 0.01)  # 10 ms engine steps
+    m.observe_layerwise(1 << 30, (1 << 30) / 20e9)
+    assert m.layerwise_bandwidth == pytest.approx(20e9)
+    assert m.bandwidth[CPU] == pytest.approx(50e9)  # the async estimate is left alone
+    # 60 chunks and one new token: 201 ms layerwise against 81 + 10 ms async
+    whole = m.choose([CPU] * 60, prompt_tokens=60 * CHUNK_TOKENS + 1, gpu_hit=0, overlap=True)
+    assert not whole.layerwise
+    # 10 chunks before 4000 new tokens: the 400 ms prefill hides even the slow copy
+    part = m.choose([CPU] * 10, prompt_tokens=10 * CHUNK_TOKENS + 4000, gpu_hit=0, overlap=True)
+    assert part.layerwise and part.predicted_s < part.async_s
+
+
+def test_only_the_cpu_prefix_may_go_layerwise_and_ssd_chunks_then_recompute() -> None:
+    # Reading the SSD chunks costs 67 ms each: the CPU prefix layerwise, the rest recomputed.
+    m = layered(cpu_gbps=50, per_token=1e-5)
+    tiers = [CPU, CPU, SSD, SSD]
+    d = m.choose(tiers, prompt_tokens=4 * CHUNK_TOKENS + 100, gpu_hit=0, overlap=True)
+    assert d.layerwise and d.load_chunks == 2
+    # an SSD hit at the front leaves nothing to load layerwise
+    d = m.choose([SSD, SSD], prompt_tokens=2 * CHUNK_TOKENS + 100, gpu_hit=0, overlap=True)
+    assert not d.layerwise
+
+
+def test_uncalibrated_cpu_hit_goes_layerwise_an_ssd_hit_async() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS, num_layers=4)
+    assert m.choose([CPU, CPU], 1000, 0, overlap=True).layerwise
+    assert not m.choose([CPU, SSD], 1000, 0, overlap=True).layerwise
+    assert not m.choose([CPU, CPU], 1000, 0).layerwise  # without overlap: never
+
+
+def test_the_start_up_probe_sets_both_cpu_bandwidths_unless_fixed() -> None:
+    m = layered(cpu_gbps=10, per_token=1e-4)
+    m.start_from_probe(50e9, 25e9)
+    assert (m.bandwidth[CPU], m.layerwise_bandwidth) == (50e9, 25e9)
+    fixed = make_cost_model(MiniFlexConfig(cpu_load_gbps=8.0), CHUNK_BYTES, CHUNK_TOKENS)
+    fixed.start_from_probe(50e9, 25e9)
+    assert fixed.bandwidth[CPU] == 8e9 and fixed.layerwise_bandwidth is None

@@ -50,7 +50,7 @@ def test_cpu_kv_cache_gets_the_torch_mover(cpu_cache, tmp_path, mover) -> None:
     assert isinstance(make_mover(config(tmp_path, mover), layout, kv, pool), TorchMover)
 
 
-@pytest.mark.parametrize("mover", ["kernel", "dma"])
+@pytest.mark.parametrize("mover", ["kernel", "dma", "staged"])
 def test_cuda_movers_on_a_cpu_kv_cache_are_a_config_error(cpu_cache, tmp_path, mover) -> None:
     layout, kv, pool = cpu_cache
     with pytest.raises(ConfigError, match=r"host memory.*'cpu' mover") as err:
@@ -59,7 +59,7 @@ def test_cuda_movers_on_a_cpu_kv_cache_are_a_config_error(cpu_cache, tmp_path, m
 
 
 def test_every_configurable_mover_is_registered() -> None:
-    assert MOVERS == ("auto", "cpu", "kernel", "dma")
+    assert MOVERS == ("auto", "cpu", "kernel", "dma", "staged")
 
 
 @pytest.mark.skipif(_importable("cupy"), reason="CuPy is installed here")
@@ -76,6 +76,7 @@ def test_importing_the_gpu_package_loads_no_cuda_library() -> None:
     """CI has no GPU: CuPy and cuda.bindings are imported only when a CUDA mover is built."""
     code = (
         "import sys, miniflex.gpu.registry, miniflex.gpu.kernel_mover, miniflex.gpu.dma_mover, "
+        "miniflex.gpu.staged_mover, "
         "miniflex.gpu.tune, miniflex.gpu.pinning, miniflex.cli; "
         "print(sorted(m for m in sys.modules if m.startswith(('cupy', 'cuda.'))))"
     )

@@ -136,6 +136,24 @@ def test_partial_chunk_load_touches_only_its_blocks() -> None:
         assert page_bytes(t_dst, 7, "LBHNC") == old7
 
 
+def test_layerwise_load_on_host_memory_is_done_when_returned() -> None:
+    """The CPU backend's layerwise load copies everything at once; the waits are no-ops."""
+    src = make_cache("LBHNC", torch.bfloat16, 2)
+    layout = layout_from_tensors(src, 2)
+    pool = HostPool(2, layout.geometry.slot_bytes)
+    chunks = [ChunkMove(SlotId(1), (BlockId(3), BlockId(5)))]
+    TorchMover(layout, src, pool).store(chunks)
+    dst = make_cache("LBHNC", torch.bfloat16, 2)
+    load = TorchMover(layout, dst, pool).load_layerwise(
+        [ChunkMove(SlotId(1), (BlockId(9), BlockId(2)))]
+    )
+    for t_src, t_dst in zip(src.values(), dst.values(), strict=True):  # before any wait
+        assert page_bytes(t_dst, 9, "LBHNC") == page_bytes(t_src, 3, "LBHNC")
+        assert page_bytes(t_dst, 2, "LBHNC") == page_bytes(t_src, 5, "LBHNC")
+    load.wait_layer(0)
+    assert load.wait() == 2 * layout.geometry.num_layers * layout.geometry.page_bytes
+
+
 def test_jobs_larger_than_the_staging_buffer_move_in_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -170,3 +188,22 @@ def test_a_pool_file_is_never_shared_by_two_live_pools(tmp_path: Path) -> None:
     second = HostPool(2, 4096, path)  # unlocked: reused, zeroed and resized
     assert path.stat().st_size == 2 * 4096 and not second.slot(SlotId(0)).any()
     second.close()
+
+
+def test_start_up_probe_times_both_load_paths_and_leaves_the_pool_alone() -> None:
+    from miniflex.connector.probe import probe_loads
+
+    kv = make_cache("LBHNC", torch.bfloat16, 2)
+    layout = layout_from_tensors(kv, 2)
+    pool = HostPool(4, layout.geometry.slot_bytes)
+    pool.array[:] = 7
+    block0 = [page_bytes(t, 0, "LBHNC") for t in kv.values()]
+    probe = probe_loads(TorchMover(layout, kv, pool), layout, num_slots=4)
+    assert probe is not None
+    # min(32 chunks, 4 slots, (24 blocks - 1) // 2): every slot, into blocks 1-8
+    assert probe.num_bytes == 4 * layout.geometry.chunk_bytes
+    assert probe.load_seconds > 0 and probe.layerwise_seconds > 0
+    assert (pool.array == 7).all()
+    for t, before in zip(kv.values(), block0, strict=True):
+        assert page_bytes(t, 0, "LBHNC") == before  # vLLM's null block is not written
+        assert set(page_bytes(t, 8, "LBHNC")) == {7}  # the probe's last block was

