@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -79,3 +81,18 @@ def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
+
+
+def h200_dry_run(part: str, out: Path) -> dict[str, Any]:
+    """``bench/run_h200.sh PART`` with ``--dry-run``: the engine settings it would use."""
+    root = Path(__file__).parents[2]
+    proc = subprocess.run(
+        ["bash", str(root / "bench" / "run_h200.sh"), part, str(out)],
+        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((out / f"{part}.txt").read_text())

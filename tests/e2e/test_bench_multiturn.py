@@ -9,14 +9,11 @@ H200 script's dry run below checks its engine settings.)
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine import run_bench
+from tests.e2e.engine import h200_dry_run, run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -51,17 +48,7 @@ def test_multiturn_prints_ttft_per_config_and_the_ratios(tiny_model: Path, tmp_p
 
 
 def test_h200_multiturn_part_compares_the_load_modes(tmp_path: Path) -> None:
-    root = Path(__file__).parents[2]
-    proc = subprocess.run(
-        ["bash", str(root / "bench" / "run_h200.sh"), "multiturn", str(tmp_path)],
-        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = json.loads((tmp_path / "multiturn.txt").read_text())
+    plan = h200_dry_run("multiturn", tmp_path)
     modes = {
         name: (cfg or {}).get("kv_connector_extra_config", {}).get("load_mode")
         for name, cfg in plan["kv_transfer"].items()

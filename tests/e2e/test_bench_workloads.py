@@ -11,13 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine import expected_hit, run_bench
+from tests.e2e.engine import expected_hit, h200_dry_run, run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -127,16 +125,6 @@ def test_overhead_compares_unique_prompts_with_apc(run) -> None:
 @pytest.mark.parametrize("part", ["ttft", "overflow", "mixed"])
 def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
     """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
-    root = Path(__file__).parents[2]
-    proc = subprocess.run(
-        ["bash", str(root / "bench" / "run_h200.sh"), part, str(tmp_path)],
-        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = json.loads((tmp_path / f"{part}.txt").read_text())
+    plan = h200_dry_run(part, tmp_path)
     assert plan["llm_args"]["load_format"] == "dummy"
     assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
