@@ -28,7 +28,6 @@ Any exception in a job is caught here, logged, and reported as a failed job
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -89,9 +88,6 @@ class MiniFlexHandler:
         self._timer: StepTimer | None = None
         self._probe: LoadProbe | None = None  # reported once, with the first results
         self._step_loads = StepLoads({})
-        # Held around mover calls where the mover's load_layerwise is the base class's
-        # (a plain load() on vLLM's thread): such movers assume one calling thread.
-        self._mover_guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
 
     def register(
         self,
@@ -131,10 +127,8 @@ class MiniFlexHandler:
 
     def _bind_step_loads(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         assert self._mover is not None
-        shared = type(self._mover).load_layerwise is KVMover.load_layerwise
-        self._mover_guard = threading.Lock() if shared else contextlib.nullcontext()
         names = {name: i for i, name in enumerate(kv_caches)}  # the movers' layer order
-        self._step_loads = StepLoads(names, self._mover_guard)
+        self._step_loads = StepLoads(names)
 
     # ---- plan execution ----
     def submit(self, plan: TransferPlan, kind: JobKind, before_forward: bool = True) -> None:
@@ -259,11 +253,9 @@ class MiniFlexHandler:
                     bad = {c.cpu for c in job.ssd if c.key in failed_keys}
                     chunks = tuple(c for c in chunks if c.slot not in bad)
                     failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
-                with self._mover_guard:
-                    moved = self._mover.load(chunks, after=fence)
+                moved = self._mover.load(chunks, after=fence)
             elif job.kind is JobKind.STORE:
-                with self._mover_guard:
-                    moved = self._mover.store(job.chunks, after=fence)
+                moved = self._mover.store(job.chunks, after=fence)
             elif job.kind is JobKind.DEMOTE:
                 failed_keys = self._copier().demote(job.ssd)
                 moved = (len(job.ssd) - len(failed_keys)) * self._copier().store.slot_bytes

@@ -21,11 +21,9 @@ recomputes them instead of keeping a wrong result.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
@@ -51,14 +49,9 @@ class _Issued:
 class StepLoads:
     """The in-step loads of the step being computed on one worker (vLLM's thread only)."""
 
-    def __init__(
-        self, layer_names: Mapping[str, int], guard: AbstractContextManager[object] | None = None
-    ) -> None:
-        """``layer_names``: vLLM's layer name -> index, in KV cache registration order.
-        ``guard``: held around ``load_layerwise`` for movers that must not run it
-        beside the transfer thread's copies (a lock shared with that thread)."""
+    def __init__(self, layer_names: Mapping[str, int]) -> None:
+        """``layer_names``: vLLM's layer name -> index, in KV cache registration order."""
         self._layers = dict(layer_names)
-        self._guard = guard if guard is not None else contextlib.nullcontext()
         self._issued: list[_Issued] = []
         self._waited_all = False
         self._warned = False
@@ -78,8 +71,7 @@ class StepLoads:
                 self._issued.append(_Issued(job, None, t0, 0.0, "issued after the forward"))
                 continue
             try:
-                with self._guard:
-                    load = mover.load_layerwise(job.chunks, after=fence)
+                load = mover.load_layerwise(job.chunks, after=fence)
             except Exception as exc:  # the worker boundary: report, never crash vLLM
                 self._issued.append(_Issued(job, None, t0, 0.0, str(exc)))
                 continue

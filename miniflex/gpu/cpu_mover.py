@@ -14,6 +14,7 @@ kernel and DMA movers are the CUDA path.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -28,7 +29,7 @@ __all__ = ["TorchMover", "byte_pages"]
 
 
 STAGING_BYTES = 16 << 20
-"""Reused buffer between gather and scatter (one per mover; movers run on one thread)."""
+"""Reused buffer between gather and scatter (one per mover, used under the mover's lock)."""
 
 _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
@@ -52,7 +53,12 @@ def byte_pages(t: torch.Tensor, layout: KVLayout, word: int, dtype: torch.dtype)
 
 
 class TorchMover(KVMover):
-    """Moves chunks with torch indexing; used where the KV cache is in host memory."""
+    """Moves chunks with torch indexing; used where the KV cache is in host memory.
+
+    Its staging buffers are shared by every call, and ``load_layerwise`` (the
+    base class's: a whole ``load``) runs on vLLM's thread beside the transfer
+    thread's calls, so calls take turns on a lock.
+    """
 
     def __init__(self, layout: KVLayout, kv_caches: Mapping[str, torch.Tensor], pool: HostPool):
         g = layout.geometry
@@ -72,6 +78,7 @@ class TorchMover(KVMover):
         self._host_stage = torch.empty(
             staging_rows, g.page_bytes // word, dtype=dtype, pin_memory=device.type == "cuda"
         )
+        self._lock = threading.Lock()
         self._dev_stage = (
             self._host_stage
             if device.type == "cpu"
@@ -135,6 +142,10 @@ class TorchMover(KVMover):
         return self._move(chunks, after, to_pool=False)
 
     def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
+        with self._lock:
+            return self._move_locked(chunks, after, to_pool)
+
+    def _move_locked(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
         rows, blocks = self._indices(chunks)
         bpc = self.layout.geometry.blocks_per_chunk
         with self._ordered(after):

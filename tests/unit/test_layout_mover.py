@@ -207,3 +207,40 @@ def test_start_up_probe_times_both_load_paths_and_leaves_the_pool_alone() -> Non
     for t, before in zip(kv.values(), block0, strict=True):
         assert page_bytes(t, 0, "LBHNC") == before  # vLLM's null block is not written
         assert set(page_bytes(t, 8, "LBHNC")) == {7}  # the probe's last block was
+
+
+def test_layerwise_loads_and_stores_from_two_threads_do_not_mix_their_bytes() -> None:
+    """vLLM's thread loads layerwise while the transfer thread stores: one staging buffer."""
+    import threading
+
+    src, dst = make_cache("LBHNC", torch.bfloat16, 2), make_cache("LBHNC", torch.bfloat16, 2)
+    layout = layout_from_tensors(src, 2)
+    pool = HostPool(8, layout.geometry.slot_bytes)
+    low = [ChunkMove(SlotId(s), (BlockId(2 * s), BlockId(2 * s + 1))) for s in range(4)]
+    high = [ChunkMove(SlotId(4 + c.slot), c.block_ids) for c in low]
+    TorchMover(layout, src, pool).store(high)  # slots 4-7: src blocks 0-7
+    mover = TorchMover(layout, dst, pool)
+    errors: list[BaseException] = []
+
+    def transfer_thread() -> None:  # dst blocks 8-15 -> slots 0-3, again and again
+        try:
+            for _ in range(200):
+                mover.store([ChunkMove(c.slot, tuple(BlockId(8 + b) for b in c.block_ids))
+                             for c in low])  # fmt: skip
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=transfer_thread)
+    thread.start()
+    for _ in range(200):  # dst blocks 0-7 <- slots 4-7
+        mover.load_layerwise(high).wait()
+    thread.join()
+    assert not errors, errors
+    for t_src, t_dst in zip(src.values(), dst.values(), strict=True):
+        for b in range(8):
+            assert page_bytes(t_dst, b, "LBHNC") == page_bytes(t_src, b, "LBHNC")
+    slot0 = torch.from_numpy(pool.slot(SlotId(0)).copy())
+    g = layout.geometry
+    for layer, t in enumerate(dst.values()):
+        off = g.chunk_offset(layer, 0)
+        assert bytes(slot0[off : off + g.page_bytes].numpy()) == page_bytes(t, 8, "LBHNC")
