@@ -32,7 +32,7 @@ from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.kernel_mover import DEFAULT_CTAS
 from miniflex.gpu.synthetic import kv_geometry, random_chunks, synthetic_caches
-from miniflex.gpu.tune import Candidate, time_mover
+from miniflex.gpu.tune import Candidate, median_seconds, time_mover
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
@@ -83,13 +83,7 @@ def build(cand: Candidate, layout, kv, pool) -> KVMover | None:
 
 def time_layerwise(mover: KVMover, chunks: list[ChunkMove], repeat: int) -> float:
     """Median seconds of ``load_layerwise(chunks)`` until every layer is in (no compute)."""
-    mover.load_layerwise(chunks).wait()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        mover.load_layerwise(chunks).wait()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(lambda: mover.load_layerwise(chunks).wait(), repeat)
 
 
 def bandwidth_rows(args, kv, ceil: tuple[float, float]) -> list[dict]:

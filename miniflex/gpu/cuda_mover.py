@@ -95,11 +95,16 @@ class CudaMover(KVMover):
             raise TransferError(f"'after' must be a marker from fence(), got {type(after)}")
         return page_table(chunks, g.blocks_per_chunk, self.rows_per_slot, self.layout.num_blocks)
 
+    def _moved_bytes(self, blocks: np.ndarray) -> int:
+        """Bytes a call with this page table moves (every layer of each page it names)."""
+        g = self.layout.geometry
+        return int(np.count_nonzero(blocks != NO_BLOCK)) * g.num_layers * g.page_bytes
+
     def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
         g = self.layout.geometry
         blocks, rows = self._pages(chunks, after)
-        pages = int(np.count_nonzero(blocks != NO_BLOCK))
-        if pages == 0:
+        nbytes = self._moved_bytes(blocks)
+        if nbytes == 0:
             return 0
         done = torch.cuda.Event()
         try:
@@ -111,13 +116,13 @@ class CudaMover(KVMover):
             done.synchronize()
         except RuntimeError as exc:  # CUDA errors from torch, CuPy or the driver
             raise TransferError(f"{type(self).__name__} copy failed: {exc}") from exc
-        return pages * g.num_layers * g.page_bytes
+        return nbytes
 
     def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
         g = self.layout.geometry
         blocks, rows = self._pages(chunks, after)
-        pages = int(np.count_nonzero(blocks != NO_BLOCK))
-        if pages == 0:
+        nbytes = self._moved_bytes(blocks)
+        if nbytes == 0:
             return DoneLoad(0)
         events = []
         try:
@@ -131,7 +136,7 @@ class CudaMover(KVMover):
         except RuntimeError as exc:
             raise TransferError(f"{type(self).__name__} layerwise load failed: {exc}") from exc
         assert len(events) == g.num_layers, "one event per layer"
-        return CudaLayerwiseLoad(self.device, events, pages * g.num_layers * g.page_bytes)
+        return CudaLayerwiseLoad(self.device, events, nbytes)
 
     def _load_by_layer(self, blocks: np.ndarray, rows: np.ndarray) -> Iterator[int]:
         """Queue each layer's load on the current stream, yielding after each (layer 0 first).

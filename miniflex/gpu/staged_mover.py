@@ -32,7 +32,7 @@ import torch
 
 from miniflex.errors import TransferError
 from miniflex.gpu.kernel_mover import KernelMover
-from miniflex.gpu.pages import NO_BLOCK
+from miniflex.gpu.pages import NO_BLOCK, merge_runs
 from miniflex.layout import KVLayout
 from miniflex.pool import HostPool
 
@@ -113,10 +113,7 @@ class StagedMover(KernelMover):
             self._slots_dma(lane, group, to_pool=False)
             self._filled[lane].record(self._copy_stream)
         main.wait_event(self._filled[lane])
-        self._launch(
-            entries.data_ptr(), len(entries), False, range(self.layout.geometry.num_layers),
-            self._lane_ptrs[lane], self.staged_ctas,
-        )  # fmt: skip
+        self._lane_kernel(entries, lane, to_pool=False)
         self._drained[lane].record(main)
 
     def _gather_then_write(
@@ -124,15 +121,18 @@ class StagedMover(KernelMover):
     ) -> None:
         if k >= self.lanes:  # the lane's previous group has reached the pool
             main.wait_event(self._drained[lane])
-        self._launch(
-            entries.data_ptr(), len(entries), True, range(self.layout.geometry.num_layers),
-            self._lane_ptrs[lane], self.staged_ctas,
-        )  # fmt: skip
+        self._lane_kernel(entries, lane, to_pool=True)
         self._filled[lane].record(main)
         with torch.cuda.stream(self._copy_stream):
             self._copy_stream.wait_event(self._filled[lane])
             self._slots_dma(lane, group, to_pool=True)
             self._drained[lane].record(self._copy_stream)
+
+    def _lane_kernel(self, entries: torch.Tensor, lane: int, to_pool: bool) -> None:
+        """Gather (``to_pool``) or scatter every layer of ``entries``' pages to or from ``lane``."""
+        layers = range(self.layout.geometry.num_layers)
+        ptr = self._lane_ptrs[lane]
+        self._launch(entries.data_ptr(), len(entries), to_pool, layers, ptr, self.staged_ctas)
 
     def _slots_dma(self, lane: int, slots: np.ndarray, to_pool: bool) -> None:
         """Copy ``slots`` (in lane order) between the pool and ``lane``, one copy per run.
@@ -145,11 +145,10 @@ class StagedMover(KernelMover):
 
         chunk = self.layout.geometry.chunk_bytes
         stream = self._copy_stream.cuda_stream
-        breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-        for run in np.split(np.arange(len(slots)), breaks):
-            first, n = int(run[0]), len(run)
-            host = self._host + int(slots[first]) * self.slot_bytes
-            dev = self._lane_ptrs[lane] + first * self.slot_bytes
-            size = (n - 1) * self.slot_bytes + chunk
+        # Lane positions always follow on: runs are where the pool's slots do too.
+        for slot, first, n in zip(*merge_runs(slots, np.arange(len(slots)), True), strict=True):
+            host = self._host + int(slot) * self.slot_bytes
+            dev = self._lane_ptrs[lane] + int(first) * self.slot_bytes
+            size = (int(n) - 1) * self.slot_bytes + chunk
             src, dst = (dev, host) if to_pool else (host, dev)
             cupy.cuda.runtime.memcpyAsync(dst, src, size, _MEMCPY_DEFAULT, stream)

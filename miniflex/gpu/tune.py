@@ -52,6 +52,7 @@ __all__ = [
     "TuneResult",
     "command",
     "default_candidates",
+    "median_seconds",
     "pick_winner",
     "time_mover",
     "tune",
@@ -126,17 +127,22 @@ def default_candidates(ctas: Sequence[int] = CTAS_SWEEP, vecs: Sequence[int] = (
 
 def time_mover(mover: KVMover, chunks: Sequence[ChunkMove], repeat: int) -> tuple[float, float]:
     """Median seconds of ``store(chunks)`` and of ``load(chunks)``, each call waited for."""
+    return (
+        median_seconds(lambda: mover.store(chunks), repeat),
+        median_seconds(lambda: mover.load(chunks), repeat),
+    )
 
-    def median(fn: Callable[[], object]) -> float:
-        fn()  # warm-up (compilation, first touch)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
 
-    return median(lambda: mover.store(chunks)), median(lambda: mover.load(chunks))
+def median_seconds(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``repeat`` calls of ``fn`` (which must wait for its work), after
+    one warm-up call (compilation, first touch)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def pick_winner(timings: Sequence[Timing], tolerance: float = TOLERANCE) -> Timing:
