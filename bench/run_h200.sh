@@ -5,21 +5,24 @@
 # config in bench/models/qwen3-8b-shape with dummy weights; vLLM's KV cache is limited with
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
-#   bash bench/run_h200.sh PART OUT_DIR        PART: ttft | overflow | mixed | multiturn | all
+#   bash bench/run_h200.sh PART OUT_DIR   PART: ttft | overflow | mixed | multiturn | ssd | all
 #
 # Each PART is one `miniflex bench` run that starts each configuration once (about 45-60 s
-# each, eager mode) and stays within about 9 minutes; `all` runs the three parts in a row.
+# each, eager mode) and stays within about 9 minutes; `all` runs every part in a row.
 # Results: OUT_DIR/<workload>-h200.json and .png per workload, OUT_DIR/<part>.txt (the
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
 # limit (LIMIT_S, default 500 s) still prints and writes what it measured, marked partial.
 # multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
-# MiniFlex's CPU tier with load_mode sync, layerwise and async).
+# MiniFlex's CPU tier with load_mode sync, layerwise and async). ssd serves 8k and 30k prompts
+# that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
+# (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
+# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft-ssd-resident-h200.json.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, EXTRA_ARGS (more
 # `miniflex bench` arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|multiturn|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|multiturn|ssd|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|overflow|mixed|multiturn|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|overflow|mixed|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,6 +30,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async}"
+SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
 LIMIT_S="${LIMIT_S:-500}"
 
 VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
@@ -77,9 +81,14 @@ case "$PART" in
     # evicted between the turns; MiniFlex loads 20k tokens (2.9 GB) while 4k new ones compute
     CONFIGS="$MT_CONFIGS" run_part multiturn multiturn --gpu-blocks 1600 \
       --multiturn-prefix-tokens 20000 --multiturn-new-tokens 4096 --multiturn-repeat 3 ;;
+  ssd)  # 5 GiB of CPU tier holds a 30k-token prompt (4.4 GB; vLLM's fs tier promotes a whole
+    # prompt into it); fillers worth 7.5 GiB of KV push it out to disk before each hit. One
+    # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
+    CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
+      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft-ssd-resident-h200.json" ;;
   all)
     status=0
-    for p in ttft overflow mixed multiturn; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    for p in ttft overflow mixed multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
     exit "$status" ;;
   *)
     echo "$USAGE" >&2

@@ -173,6 +173,11 @@ def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
     return dirs
 
 
+def _parse_auto_size(key: str, value: object) -> int | None:
+    """``auto`` (None: derived) or a size."""
+    return None if value is None or value == "auto" else parse_size(key, value)
+
+
 def _parse_auto_float(key: str, value: object) -> float | None:
     """``auto`` (None: measured) or a positive number."""
     if value is None or value == "auto":
@@ -281,6 +286,17 @@ _SPECS: dict[str, _Spec] = {
         "`through`: every chunk stored on CPU is also written to SSD at once.",
         "back",
     ),
+    "ssd_write_backlog": _Spec(
+        _parse_auto_size,
+        None,
+        "Write-back: at most this much KV is being written from the CPU tier to SSD at once "
+        "(it stays readable in CPU meanwhile); a chunk evicted past that is dropped, counted in "
+        "`demotions_skipped`, so that a slow disk never holds up stores. Writes start ahead of "
+        "need, from the least recently used chunks, so that this much of the CPU tier is free "
+        "or being written. `auto`: the KV of one engine step (`max_num_batched_tokens`), "
+        "within 1/8 to 1/2 of the CPU tier.",
+        "auto",
+    ),
     "ssd_eviction": _Spec(
         lambda k, v: _parse_choice(k, v, _EVICTION),
         "lru",
@@ -358,6 +374,7 @@ class MiniFlexConfig:
     ssd_dirs: tuple[str, ...] = field(default=_SPECS["ssd_dirs"].default)
     ssd_bytes: int = field(default=_SPECS["ssd_bytes"].default)
     ssd_write: str = field(default=_SPECS["ssd_write"].default)
+    ssd_write_backlog: int | None = field(default=_SPECS["ssd_write_backlog"].default)
     ssd_eviction: str = field(default=_SPECS["ssd_eviction"].default)
     ssd_io: str = field(default=_SPECS["ssd_io"].default)
     hit_policy: str = field(default=_SPECS["hit_policy"].default)

@@ -84,6 +84,13 @@ def _tiers(t: argparse._ArgumentGroup) -> None:
 def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--ttft-prompts", type=_ints, default=(1024, 8192, 30000), help="prompt lengths")
     w.add_argument("--repeat", type=int, default=1, help="ttft: fresh prompts per length (median)")
+    w.add_argument(
+        "--ttft-evict",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="ttft: evict vLLM's copy only (gpu), or also push the prompt out of a CPU tier of "
+        "--ssd-cpu-bytes with unique fillers worth 1.5x it (cpu: SSD-resident prompts)",
+    )
     w.add_argument("--overflow-prompt-tokens", type=int, default=4096)
     w.add_argument(
         "--overflow-ratios",

@@ -9,6 +9,7 @@ are already running (``NAME=URL``, repeatable, e.g. one plain vLLM and one
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -96,6 +97,27 @@ def _workloads(
     return [made[n] for n in names], bandwidth
 
 
+def _push_past(
+    workloads: list[Workload],
+    args: argparse.Namespace,
+    cpu_bytes: int | None,
+    kv_per_token: int | None,
+) -> list[Workload]:
+    """With ``--ttft-evict cpu``: the ttft workload pushes its prompts out of a CPU tier of
+    ``cpu_bytes`` with unique fillers worth 1.5 times as much KV."""
+    if args.ttft_evict != "cpu" or not any(isinstance(w, TTFTWorkload) for w in workloads):
+        return workloads
+    if not cpu_bytes or not kv_per_token:
+        raise ConfigError(
+            "--ttft-evict", "cpu", "needs --ssd-cpu-bytes and --model (the KV bytes per token)"
+        )
+    push = -(-3 * cpu_bytes // (2 * kv_per_token))
+    return [
+        dataclasses.replace(w, push_tokens=push) if isinstance(w, TTFTWorkload) else w
+        for w in workloads
+    ]
+
+
 def _outputs(args: argparse.Namespace) -> Outputs:
     return Outputs(Path(args.out_dir), args.tag, Path(args.json) if args.json else None)
 
@@ -156,6 +178,7 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         ssd_dir,
         args.blocks_per_chunk,
     )
+    workloads = _push_past(workloads, args, tiers.ssd_cpu_bytes, shape.kv_bytes_per_token)
     context = _context(args, settings, tiers, shape, cuda, bandwidth)
     gib = 2**30
     ssd = (
@@ -196,8 +219,6 @@ def _context(
     cuda: bool,
     bandwidth: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    import dataclasses
-
     import vllm
 
     return {
@@ -219,6 +240,9 @@ def _run_http(args: argparse.Namespace, log: Progress) -> int:
     shape = ModelShape.from_dir(args.model) if args.model else ModelShape(args.vocab_size)
     prompts = PromptMaker(shape.vocab_size, args.seed)
     workloads, bandwidth = _workloads(args, prompts, shape)
+    workloads = _push_past(
+        workloads, args, _size("--ssd-cpu-bytes", args.ssd_cpu_bytes), shape.kv_bytes_per_token
+    )
     capacity = args.gpu_blocks * args.block_size if args.gpu_blocks else None
     servers = []
     for i, spec in enumerate(args.url):

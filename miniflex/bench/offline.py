@@ -11,6 +11,8 @@ This is the only module of the benchmarks that imports vLLM (lazily).
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -19,7 +21,7 @@ from typing import Any
 
 from miniflex.bench.configs import Connector, EngineConfig, TierSizes
 from miniflex.bench.driver import Arrival, Driver
-from miniflex.bench.samples import Sample, tier_tokens
+from miniflex.bench.samples import Sample, resident_tokens, tier_tokens
 from miniflex.connector.offline import evict_gpu_prefix_cache, shutdown_llm
 from miniflex.errors import MiniFlexError
 
@@ -95,6 +97,7 @@ class OfflineDriver(Driver):
             **settings.llm_args(on_cuda()),
         )
         self._ids = itertools.count()
+        self._scratch = tiers.ssd_dir
 
     # ---- requests ----
     def _params(self, max_tokens: int) -> Any:
@@ -122,6 +125,7 @@ class OfflineDriver(Driver):
             tiers=tier_tokens(params),
             first_token=comp.token_ids[0] if comp.token_ids else None,
             load=(params or {}).get("load"),
+            resident=resident_tokens(params),
         )
 
     def prefill(self, tokens: Sequence[int], label: str) -> Sample:
@@ -187,8 +191,16 @@ class OfflineDriver(Driver):
         return True
 
     def close(self) -> None:
+        """Shut the engine down, then empty the run's SSD directory: the next configuration
+        starts with nothing on disk (and vLLM's fs tier, which never evicts, frees its files)."""
         shutdown_llm(self.llm)
         del self.llm
+        if self._scratch and os.path.isdir(self._scratch):
+            for entry in os.scandir(self._scratch):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
 
     def _external_counter(self) -> float | None:
         """vLLM's counter of tokens loaded by the KV connector (None: not exported)."""

@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "mean", "percentile", "tier_tokens"]
+__all__ = ["Sample", "mean", "percentile", "resident_tokens", "tier_tokens"]
 
 _TIER_KEY = re.compile(r"^(?:hit_tokens_(\w+)|(\w+)_hit_tokens)$")
+_RESIDENT_KEY = re.compile(r"^resident_tokens_(\w+)$")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Sample:
     tiers: Mapping[str, int] = field(default_factory=dict)  # MiniFlex hits per tier
     first_token: int | None = None
     load: str | None = None  # how MiniFlex loaded the hit (``load_mode``), where it says
+    resident: Mapping[str, int] = field(default_factory=dict)  # MiniFlex: found, per tier
 
     @property
     def vllm_hit_tokens(self) -> int | None:
@@ -49,6 +51,7 @@ class Sample:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tiers"] = dict(self.tiers)
+        d["resident"] = dict(self.resident)
         d["vllm_hit_tokens"] = self.vllm_hit_tokens
         return d
 
@@ -59,11 +62,21 @@ def tier_tokens(params: Mapping[str, Any] | None) -> dict[str, int]:
     Accepts ``hit_tokens_<tier>`` (the connector stats' spelling) and
     ``<tier>_hit_tokens``; an empty dict when the connector reports only the total.
     """
+    return _per_tier(params, _TIER_KEY)
+
+
+def resident_tokens(params: Mapping[str, Any] | None) -> dict[str, int]:
+    """Per-tier tokens MiniFlex's lookup found (``resident_tokens_<tier>``), loaded or not:
+    the cost model may have chosen to recompute some of them."""
+    return _per_tier(params, _RESIDENT_KEY)
+
+
+def _per_tier(params: Mapping[str, Any] | None, pattern: re.Pattern[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in (params or {}).items():
-        m = _TIER_KEY.match(key)
+        m = pattern.match(key)
         if m and isinstance(value, int):
-            out[m.group(1) or m.group(2)] = value
+            out[next(g for g in m.groups() if g)] = value
     return out
 
 

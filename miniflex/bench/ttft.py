@@ -6,7 +6,10 @@ a fresh prompt A:
 1. **cold**: A, nothing cached anywhere;
 2. **GPU hit**: A again at once, served by vLLM's own prefix cache;
 3. vLLM's copy is evicted (offline ``reset_prefix_cache()``; against a server,
-   unique fillers worth 1.5x its KV capacity);
+   unique fillers worth 1.5x its KV capacity). With ``push_tokens`` (``--ttft-evict
+   cpu``), unique filler prompts of that many tokens in all are prefilled first:
+   they push A out of a CPU tier too small to hold them, so that A is left only
+   on the SSD tier (or, for APC alone, nowhere);
 4. **evicted**: A again, now served by the tier under test (APC alone
    recomputes it).
 
@@ -19,6 +22,7 @@ costs what a full GPU hit costs. ``x_floor`` is the evicted TTFT over it.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,6 +47,8 @@ class TTFTWorkload(Workload):
     kv_bytes_per_token: int | None = None
     bandwidth_gbps: float | None = None
     bandwidth_kind: str = "pinned H2D"
+    push_tokens: int = 0
+    """Unique filler tokens prefilled before each eviction (0: vLLM's copy only)."""
 
     def max_prompt_tokens(self) -> int:
         return max(self.prompt_tokens)
@@ -56,6 +62,7 @@ class TTFTWorkload(Workload):
             "repeat": self.repeat,
             "bandwidth_GBps": self.bandwidth_gbps,
             "bandwidth_kind": self.bandwidth_kind,
+            "push_tokens": self.push_tokens,
         }
 
     def run(self, driver: Driver, log: Log) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -67,6 +74,7 @@ class TTFTWorkload(Workload):
                 a = self.prompts(n, "ttft", n, r)
                 cold = driver.prefill(a, "cold")
                 gpu = driver.prefill(a, "gpu-hit")
+                self._push(driver, log, f"{n}-{r}")
                 driver.evict_gpu()
                 hit = driver.prefill(a, "evicted")
                 runs.append((cold, gpu, hit))
@@ -78,6 +86,19 @@ class TTFTWorkload(Workload):
                 )
             rows.append(self._row(driver.name, n, runs))
         return rows, samples
+
+    def _push(self, driver: Driver, log: Log, tag: str) -> None:
+        """Prefill ``push_tokens`` of unique fillers, each at most as long as the longest prompt."""
+        size = max(self.prompt_tokens)
+        left, k = self.push_tokens, 0
+        if left:
+            log(f"{driver.name}: {left} filler tokens to push the prompt out of the CPU tiers")
+        while left > 0:
+            driver.prefill(
+                self.prompts(min(size, max(left, WARMUP_TOKENS)), "push", tag, k), "push"
+            )
+            left -= size
+            k += 1
 
     def _row(self, config: str, n: int, runs: list[tuple[Sample, Sample, Sample]]) -> dict:
         cold, gpu, hit = (statistics.median(r[i].ttft_ms for r in runs) for i in range(3))
@@ -92,7 +113,9 @@ class TTFTWorkload(Workload):
             "speedup": round(cold / hit, 2) if hit else None,
             "vllm_hit": last.vllm_hit_tokens,
             "ext_hit": last.external_tokens,
-            "tiers": " ".join(f"{k}={v}" for k, v in sorted(last.tiers.items())) or "-",
+            "tiers": _per_tier(last.tiers),
+            "resident": _per_tier(last.resident),
+            "load": last.load or "-",
             "floor_ms": None if floor is None else round(floor, 1),
             "x_floor": None if not floor else round(hit / floor, 2),
             "same_token": all(r[0].first_token == r[2].first_token for r in runs),
@@ -142,3 +165,7 @@ class TTFTWorkload(Workload):
             ax.set_ylabel("TTFT ms")
         axes[0][0].legend(fontsize=8)
         fig.suptitle(self.title, fontsize=10)
+
+
+def _per_tier(tokens: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(tokens.items())) or "-"

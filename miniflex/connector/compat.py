@@ -139,6 +139,12 @@ def reporting_workers(vllm_config: Any) -> int:
     return int(getattr(pc, "world_size", pc.tensor_parallel_size))
 
 
+def step_tokens(vllm_config: Any) -> int:
+    """Tokens vLLM computes at most per engine step (``max_num_batched_tokens``; 0: unknown)."""
+    sc = getattr(vllm_config, "scheduler_config", None)
+    return int(getattr(sc, "max_num_batched_tokens", 0) or 0)
+
+
 def tp_rank() -> int:
     """This worker's tensor-parallel rank (0 where no TP group was set up)."""
     try:

@@ -94,6 +94,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 compat.reporting_workers(vllm_config),
                 ssd_slots,
                 geometry.chunk_bytes,
+                compat.step_tokens(vllm_config),
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             if self.config.status_file:
@@ -258,6 +259,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 "hit_tokens": st.hit_tokens,
                 "stored_tokens": st.stored_tokens,
                 **{f"hit_tokens_{tier}": n for tier, n in st.hit_by_tier.items()},
+                **{f"resident_tokens_{tier}": n for tier, n in st.resident_by_tier.items()},
                 **({"load": st.loaded_as.value} if st.loaded_as is not None else {}),
             }
         }

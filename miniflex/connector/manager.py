@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.requests import PendingLoad, ReqState
+from miniflex.connector.requests import PendingLoad, ReqState, tokens_by_tier
 from miniflex.cost import make_cost_model
 from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
@@ -44,6 +44,7 @@ from miniflex.plan import (
 )
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
+from miniflex.tiers.hierarchy import WRITE_WAIT_S
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["MiniFlexManager", "ScheduledReq"]
@@ -76,6 +77,21 @@ class _Job:
     failed_keys: set[ChunkKey] = field(default_factory=set)
 
 
+def _writeback_chunks(
+    config: MiniFlexConfig, num_slots: int, chunk_bytes: int, step_chunks: int
+) -> int:
+    """``ssd_write_backlog`` in chunks. ``auto``: one engine step's worth of chunks, so that
+    a disk that writes a step's KV within a step drops nothing; within 1/8 to 1/2 of the CPU
+    tier (a quarter when the step size is unknown). Always leaves a slot to store into."""
+    if config.ssd_write_backlog is not None and chunk_bytes > 0:
+        n = config.ssd_write_backlog // chunk_bytes
+    elif step_chunks > 0:
+        n = min(max(step_chunks, num_slots // 8), num_slots // 2)
+    else:
+        n = num_slots // 4
+    return max(1, min(n, num_slots - 1))
+
+
 class MiniFlexManager:
     """Scheduler-side MiniFlex for one engine; ``num_workers`` ranks report every job."""
 
@@ -87,8 +103,10 @@ class MiniFlexManager:
         num_workers: int = 1,
         ssd_slots: int = 0,
         chunk_bytes: int = 0,
+        step_tokens: int = 0,
     ) -> None:
-        """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model)."""
+        """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
+        ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown)."""
         self.config = config
         self.ns = ns
         self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
@@ -101,7 +119,13 @@ class MiniFlexManager:
             ssd_slots,
             config.ssd_eviction,
             write_through=config.ssd_write == "through",
+            max_writeback=_writeback_chunks(
+                config, num_slots, chunk_bytes, -(-step_tokens // ns.chunk_tokens)
+            ),
+            wait_budget=self._write_wait_budget,
         )
+        if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
+            self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
         self.num_workers = num_workers
         self._reqs: dict[ReqId, ReqState] = {}
         self._jobs: dict[JobId, _Job] = {}
@@ -152,6 +176,14 @@ class MiniFlexManager:
             st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
         return st.keys
 
+    def _write_wait_budget(self) -> float:
+        """How long a store may wait for a write-back to SSD rather than drop a chunk: what
+        recomputing one chunk costs (the prefill fit), WRITE_WAIT_S until it is fitted."""
+        prefill = self.cost.prefill
+        if prefill is None:
+            return WRITE_WAIT_S
+        return max(WRITE_WAIT_S, prefill.per_token * self.ns.chunk_tokens)
+
     # ---- 1. lookup ----
     def lookup(
         self, req_id: ReqId, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
@@ -173,7 +205,12 @@ class MiniFlexManager:
                 tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
             else:
                 tiers = [Tier.CPU] * hit
+            st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
+            if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
+                tiers = tiers[: self.tiers.max_load_chunks]
             hit = self._decide(st, tiers, num_tokens, num_computed)
+        else:
+            st.resident_by_tier = {}
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed:
             st.timing = LoadTiming.ASYNC
@@ -290,8 +327,8 @@ class MiniFlexManager:
                 job = self._store_job(st, hashes, s.num_computed_tokens + s.num_scheduled_tokens)
                 if job is not None:
                     jobs.append(job)
-        # Demotions go first: they read CPU slots that this step's promotions and
-        # stores (queued after them on the same in-order worker queue) overwrite.
+        # Demotions go first, so that the disk starts on them at once (their CPU slots
+        # stay pinned until they are written, so no job of this plan overwrites them).
         demote = self._demote_job()
         jobs = ([demote] if demote else []) + loads + jobs
         if self._clear_ssd:  # before everything: demotions of this plan follow the reset
@@ -343,6 +380,7 @@ class MiniFlexManager:
 
     def _demote_job(self) -> TransferJob | None:
         copies = self.tiers.take_demotions()
+        self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
         return self._system_job(JobKind.DEMOTE, tuple(copies)) if copies else None
 
     def _system_job(self, kind: JobKind, copies: tuple[SlotCopy, ...]) -> TransferJob:
@@ -444,6 +482,8 @@ class MiniFlexManager:
             self.stats.add_result(r)
             if r.kind is JobKind.LOAD and r.ok:
                 self._observe_load(rec, r)
+            elif r.kind is JobKind.DEMOTE and r.ok:
+                self.tiers.observe_writes(len(rec.copies), r.seconds)
             if rec.pending_reports > 0:
                 continue
             del self._jobs[r.job_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,9 +11,9 @@ from miniflex.cost import Decision
 from miniflex.index import keys_to_array
 from miniflex.plan import JobId, LoadTiming
 from miniflex.tiers import ChunkSource
-from miniflex.types import BlockId, ChunkKey, ReqId
+from miniflex.types import BlockId, ChunkKey, ReqId, Tier
 
-__all__ = ["PendingLoad", "ReqState"]
+__all__ = ["PendingLoad", "ReqState", "tokens_by_tier"]
 
 
 @dataclass
@@ -51,9 +52,25 @@ class ReqState:
     finished: bool = False
     hit_tokens: int = 0
     hit_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens loaded
+    resident_by_tier: dict[str, int] = field(default_factory=dict)
+    """Tier name -> prompt tokens the last lookup found there (before the cost model chose)."""
     stored_tokens: int = 0
 
     @property
     def busy(self) -> bool:
         """True while MiniFlex still moves bytes of this request's blocks."""
         return self.load_job is not None or bool(self.store_jobs)
+
+
+def tokens_by_tier(
+    tiers: Sequence[Tier], first_token: int, num_tokens: int, chunk_tokens: int
+) -> dict[str, int]:
+    """Tier name -> prompt tokens of the consecutive chunks ``tiers`` (the first starting at
+    ``first_token``); the last chunk counts only up to the prompt's end, ``num_tokens``."""
+    out: dict[str, int] = {}
+    for i, tier in enumerate(tiers):
+        n = min(chunk_tokens, num_tokens - first_token - i * chunk_tokens)
+        if n <= 0:
+            break
+        out[tier.name.lower()] = out.get(tier.name.lower(), 0) + n
+    return out

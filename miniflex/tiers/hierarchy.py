@@ -7,13 +7,23 @@ It decides where every chunk goes and never touches bytes:
 * **Load** (:meth:`TierStack.acquire`): CPU chunks are pinned; an SSD-only chunk
   gets a fresh CPU slot (it is *promoted*: read SSD->CPU, then copied to the
   GPU) and its SSD slot is pinned for the read.
-* **Demotion**: when the CPU tier evicts a chunk that SSD does not hold, an SSD
-  slot is allocated and a :class:`~miniflex.plan.SlotCopy` is queued
-  (:meth:`TierStack.take_demotions`). The scheduler sends demotions before any
-  job of the same step, and workers run jobs in order, so the bytes are on
-  their way to SSD before the CPU slot is overwritten. With ``write_through``
-  every chunk stored on CPU is also queued for SSD (its CPU slot pinned until
-  written).
+* **Demotion** (write-back): when the CPU tier evicts a chunk that SSD does
+  not hold, an SSD slot is allocated and a :class:`~miniflex.plan.SlotCopy` is
+  queued (:meth:`TierStack.take_demotions`). The chunk stays in its CPU slot,
+  readable and pinned, until the copy is reported done; only then is the slot
+  freed, and making room goes on with the next victim meanwhile. So a store
+  never waits for the disk. Write-back starts ahead of need: after every
+  store or promotion, the least recently used chunks are written until
+  ``max_writeback`` slots are free or being written. At most ``max_writeback``
+  chunks are written at once. Past that, making room takes the slot of the
+  oldest chunk being written if its write is predicted to be done within the
+  ``wait_budget`` (from the write speed seen so far; the worker still waits
+  for it before overwriting the slot, see the handler); otherwise the victim
+  is dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
+  the disk is slower than the chunks arrive, and a store never waits for it
+  longer than that. The manager's budget is the time recomputing one chunk
+  takes: waiting longer for the disk than that saves nothing. With ``write_through`` every chunk
+  stored on CPU is also queued for SSD (its CPU slot pinned until written).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
   tier only once its bytes are known to be there.
 
@@ -27,7 +37,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +49,11 @@ from miniflex.plan import SlotCopy
 from miniflex.tiers.slot_tier import SlotTier
 from miniflex.types import ChunkKey, SlotId, Tier
 
-__all__ = ["ChunkSource", "TierStack"]
+__all__ = ["WRITE_WAIT_S", "ChunkSource", "TierStack"]
+
+WRITE_WAIT_S = 0.005
+"""Default ``wait_budget``: the longest predicted wait for a write-back that making room
+accepts rather than dropping a chunk."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +79,29 @@ class TierStack:
         ssd_slots: int = 0,
         ssd_policy: str = "lru",
         write_through: bool = False,
+        max_writeback: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wait_budget: Callable[[], float] = lambda: WRITE_WAIT_S,
     ) -> None:
-        self.cpu = SlotTier(Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote)
+        """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
+        slots, at least 1). ``clock``: seconds, for the write-back predictions;
+        ``wait_budget()``: seconds a store may wait for a write-back rather than drop one."""
+        self.cpu = SlotTier(
+            Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote, reclaim=self._reclaim
+        )
         self.ssd = SlotTier(Tier.SSD, ssd_slots, ssd_policy) if ssd_slots > 0 else None
         self.write_through = write_through and self.ssd is not None
+        self.max_writeback = max(1, cpu_slots // 4 if max_writeback is None else max_writeback)
+        self._clock = clock
+        self._wait_budget = wait_budget
+        # evicted from CPU once written; in the order sent, with the predicted end of the
+        # write (None: not sent to the workers yet)
+        self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
+        self._taken_early: set[SlotCopy] = set()  # slot reclaimed before the write was seen
+        self._disk_free_at = 0.0  # when the writes sent so far are predicted to be done
+        self.write_seconds: float | None = None
+        """Seconds to write one chunk, as seen (None: none seen, and no estimate given)."""
+        self._skipped_demotions = 0  # evicted while max_writeback chunks were being written
         self._demotions: list[SlotCopy] = []
         self._pinned_copies: set[SlotCopy] = set()  # write-through: CPU slot pinned until written
         self.dropped_demotions = 0  # evicted from CPU with no SSD slot to go to
@@ -138,6 +173,7 @@ class TierStack:
                     self._tier(t).complete_load([next(pinned[t])], ok=True)
                 break
             out.append(ChunkSource(key, placed[0][1], slot))
+        self._write_ahead()
         return out
 
     def _tier(self, tier: Tier) -> SlotTier:
@@ -169,7 +205,9 @@ class TierStack:
 
     # ---- stores ----
     def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
-        return self.cpu.prepare_store(keys)
+        placed = self.cpu.prepare_store(keys)
+        self._write_ahead()
+        return placed
 
     def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
         self.cpu.complete_store(placed, ok)
@@ -185,9 +223,25 @@ class TierStack:
 
     # ---- demotions ----
     def take_demotions(self) -> list[SlotCopy]:
-        """The CPU->SSD copies queued since the last call; send them before any other job."""
+        """The CPU->SSD copies queued since the last call; send them before any other job.
+
+        Write-backs among them are predicted to end one after the other (one disk queue)."""
         out, self._demotions = self._demotions, []
+        now = self._clock()
+        per_chunk = self.write_seconds or 0.0
+        for c in out:
+            if c in self._writing_back:
+                self._disk_free_at = max(self._disk_free_at, now) + per_chunk
+                self._writing_back[c] = self._disk_free_at
         return out
+
+    def observe_writes(self, chunks: int, seconds: float) -> None:
+        """A write-back job of ``chunks`` took ``seconds`` on a worker (the prediction's speed)."""
+        if chunks > 0 and seconds > 0:
+            per = seconds / chunks
+            self.write_seconds = (
+                per if self.write_seconds is None else (0.7 * self.write_seconds + 0.3 * per)
+            )
 
     def has_demotions(self) -> bool:
         return bool(self._demotions)
@@ -200,11 +254,71 @@ class TierStack:
             if c in self._pinned_copies:
                 self._pinned_copies.discard(c)
                 self.cpu.complete_load([c.cpu], ok=True)
+            elif c in self._taken_early:
+                self._taken_early.discard(c)  # its slot has a new owner already
+            elif c in self._writing_back:
+                del self._writing_back[c]
+                self.cpu.finish_eviction(c.cpu)
 
-    def _demote(self, key: ChunkKey, cpu_slot: SlotId) -> None:
-        """``SlotTier`` eviction hook: write the evicted CPU chunk back to SSD."""
-        if self.ssd is not None and not self.write_through:
-            self._to_ssd(key, cpu_slot)
+    def _write_ahead(self) -> None:
+        """Start writing back the least recently used CPU chunks while fewer than
+        ``max_writeback`` CPU slots are free or being written (write-back mode only)."""
+        if self.ssd is None or self.write_through:
+            return
+        while (
+            len(self._writing_back) < self.max_writeback
+            and self.cpu.free_slots + len(self._writing_back) < self.max_writeback
+            and self.cpu.evict_one()
+        ):
+            pass
+
+    def take_skipped_demotions(self) -> int:
+        """Chunks evicted from CPU without a copy on SSD, because ``max_writeback`` chunks were
+        being written already, since the last call."""
+        n, self._skipped_demotions = self._skipped_demotions, 0
+        return n
+
+    @property
+    def max_load_chunks(self) -> int:
+        """The longest load that fits the CPU tier at once: every chunk of a load sits in a
+        CPU slot (promoted ones too), and up to ``max_writeback`` slots may be being written."""
+        if self.ssd is None or self.write_through:
+            return self.cpu.num_slots
+        return max(1, self.cpu.num_slots - self.max_writeback)
+
+    @property
+    def writing_back(self) -> int:
+        """Chunks evicted from CPU that are still being written to SSD (held in CPU)."""
+        return len(self._writing_back)
+
+    def _demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
+        """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
+        True: it is being written (its CPU slot is freed when that is done)."""
+        if self.ssd is None or self.write_through:
+            return False
+        if len(self._writing_back) >= self.max_writeback:
+            if key not in self.ssd and not self.ssd.is_storing(key):
+                self._skipped_demotions += 1
+            return False
+        copy = self._to_ssd(key, cpu_slot)
+        if copy is None:
+            return False
+        self._writing_back[copy] = None
+        return True
+
+    def _reclaim(self) -> SlotId | None:
+        """``SlotTier`` hook, when no CPU slot is free: the slot of the oldest write-back, if
+        the backlog is full and that write is predicted to be done within the wait budget."""
+        if len(self._writing_back) < self.max_writeback or not self._writing_back:
+            return None
+        copy, done_at = next(iter(self._writing_back.items()))
+        if done_at is None or done_at > self._clock() + self._wait_budget():
+            return None
+        if not self.cpu.take_kept(copy.cpu):
+            return None
+        del self._writing_back[copy]
+        self._taken_early.add(copy)
+        return copy.cpu
 
     def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
         assert self.ssd is not None

@@ -48,13 +48,19 @@ class SlotTier:
         tier: Tier,
         num_slots: int,
         policy: str = "lru",
-        on_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+        on_evict: Callable[[ChunkKey, SlotId], bool] | None = None,
+        reclaim: Callable[[], SlotId | None] | None = None,
     ) -> None:
-        """``on_evict(key, slot)`` is called when making room evicts a resident chunk,
-        before the slot is handed to its new owner (the hierarchy demotes it)."""
+        """``on_evict(key, slot)`` is called when making room evicts a resident chunk. False:
+        the slot is handed to its new owner at once. True: the chunk is being written to
+        another tier; it stays resident and readable, pinned, until :meth:`finish_eviction`,
+        and making room goes on with the next victim (the hierarchy's write-back).
+        ``reclaim()``, asked before each victim is evicted when no slot is free, may hand
+        back the slot of such a kept chunk (see :meth:`take_kept`); None: evict as usual."""
         assert num_slots > 0, "a tier needs at least one slot"
         self.tier = tier
         self._on_evict = on_evict
+        self._reclaim = reclaim
         self.num_slots = num_slots
         self._index = HashIndex(max_entries=num_slots)
         self._policy = make_policy(policy, num_slots)
@@ -188,20 +194,63 @@ class SlotTier:
             self.tier, self.num_slots, len(self._index), pinned, len(self._free), self.evictions
         )
 
+    def finish_eviction(self, slot: SlotId) -> None:
+        """The chunk ``on_evict`` kept in ``slot`` was written elsewhere (or failed to be):
+        drop it here; the slot is freed once no load pins it any more."""
+        self._unpublish(slot)
+        self._unpin(slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def evict_one(self) -> bool:
+        """Evict the policy's victim ahead of need: its slot is freed, or kept while
+        ``on_evict`` writes the chunk elsewhere. False: nothing is evictable."""
+        victim = self._policy.evict()
+        if victim is None:
+            return False
+        if not self._kept(victim):
+            self._free.append(victim)
+        return True
+
+    def take_kept(self, slot: SlotId) -> bool:
+        """Drop the chunk ``on_evict`` kept in ``slot`` now and give the slot to the caller
+        (no load may be reading it); False: a load pins it, the slot stays as it is."""
+        self._policy.unpin(slot)
+        if self._policy.is_pinned(slot):
+            self._policy.pin(slot)
+            return False
+        key = self._slot_key[slot]
+        if key is not None and self.slot_of(key) == slot:
+            self._index.delete(key)
+        self._policy.remove(slot)
+        self._slot_key[slot] = None
+        self._doomed.discard(slot)
+        return True
+
     def _allocate(self) -> SlotId | None:
         if self._free:
             return self._free.pop()
-        victim = self._policy.evict()
-        if victim is None:
-            return None
+        while True:  # a kept victim may make a reclaim possible (a full write-back backlog)
+            if self._reclaim is not None and (slot := self._reclaim()) is not None:
+                return slot
+            victim = self._policy.evict()
+            if victim is None or not self._kept(victim):
+                return victim
+
+    def _kept(self, victim: SlotId) -> bool:
+        """Evict ``victim``'s chunk; True: ``on_evict`` keeps it (readable, pinned) meanwhile."""
         key = self._slot_key[victim]
         assert key is not None and key not in self._storing
+        self.evictions += 1
+        if self._on_evict is not None and self._on_evict(key, victim):
+            self._policy.pin(victim)
+            self._policy.touch(victim)
+            return True
         self._index.delete(key)
         self._slot_key[victim] = None
-        self.evictions += 1
-        if self._on_evict is not None:
-            self._on_evict(key, victim)
-        return victim
+        return False
 
     def _unpublish(self, slot: SlotId) -> None:
         key = self._slot_key[slot]

@@ -12,7 +12,7 @@ from miniflex.bench.model import ModelShape, PromptMaker
 from miniflex.bench.overflow import OverflowWorkload
 from miniflex.bench.plot import save_plot
 from miniflex.bench.report import format_table
-from miniflex.bench.samples import Sample, percentile, tier_tokens
+from miniflex.bench.samples import Sample, percentile, resident_tokens, tier_tokens
 from miniflex.bench.sizing import auto_tiers, max_model_len
 from miniflex.bench.ttft import TTFTWorkload
 from miniflex.errors import ConfigError
@@ -113,6 +113,23 @@ def test_per_tier_hits_come_from_either_spelling() -> None:
     s = Sample("x", 100, 1.0, 1.0, cached_tokens=96, external_tokens=64)
     assert s.vllm_hit_tokens == 32 and s.as_dict()["vllm_hit_tokens"] == 32
     assert Sample("x", 100, 1.0, 1.0).vllm_hit_tokens is None
+
+
+def test_resident_tokens_are_read_apart_from_hits() -> None:
+    params = {"hit_tokens": 0, "hit_tokens_ssd": 0, "resident_tokens_ssd": 8192}
+    assert resident_tokens(params) == {"ssd": 8192}
+    assert tier_tokens(params) == {"ssd": 0}
+
+
+def test_overflow_summary_holds_the_worst_ttft_past_capacity_against_the_one_within() -> None:
+    def row(config: str, ratio: float, p50: float) -> dict:
+        return {"config": config, "ratio": ratio, "miss_pct": 0.0, "ttft_p50_ms": p50}
+
+    rows = [row("flat", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 32.0), (3.0, 30.0))]
+    rows += [row("steep", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 40.0))]
+    summary = OverflowWorkload(PromptMaker(1000)).summary(rows, {})
+    assert summary["flat_x"] == {"flat": 1.28, "steep": 1.6}  # over the median 25 ms
+    assert any("steep" in line and "NOT met" in line for line in summary["lines"])
 
 
 def test_percentile_interpolates_like_numpy() -> None:

@@ -114,6 +114,8 @@ class Harness:
     requests: dict[str, Request]
     kv_stats: list[dict] = field(default_factory=list)
     params: dict[str, dict] = field(default_factory=dict)  # finished request -> kv_transfer_params
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    """Request -> the prompt tokens vLLM reports as not computed (its ``num_cached_tokens``)."""
     layers_read: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
     """(request, block index, layer) -> the page the last step's forward read."""
 
@@ -179,6 +181,8 @@ class Harness:
             if stats:
                 self.kv_stats.append(stats)
             for o in eco.outputs:  # what the finished request returns to its caller
+                if o.prefill_stats is not None:
+                    self.cached_tokens[o.request_id] = o.prefill_stats.num_cached_tokens
                 if o.kv_transfer_params:
                     self.params[o.request_id] = o.kv_transfer_params
         return so

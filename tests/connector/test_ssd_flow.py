@@ -26,9 +26,12 @@ def tokens(seed: int, n: int = CHUNKS * CHUNK + 10) -> list[int]:
 
 
 def harness(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
+    """Two chunks computed per step: write-back (at most 2 of the 8 CPU slots at once)
+    keeps up, so no chunk the CPU tier evicts is dropped unwritten."""
     return make_harness(
         tmp_path / "model",
         cpu_bytes=str(8 * SLOT),
+        max_batched=2 * CHUNK,
         extra={"ssd_dirs": str(ssd), "ssd_bytes": str(64 * SLOT), **extra},
     )
 
@@ -160,4 +163,31 @@ def test_workers_report_forward_times_to_the_cost_model(tmp_path: Path, ssd: Pat
     h = harness(tmp_path, ssd)
     h.cached_in_miniflex_only("a", tokens(5))
     assert h.manager_side.manager.cost.observed_steps >= 1
+    h.worker.shutdown()
+
+
+def test_an_ssd_hit_longer_than_the_cpu_tier_is_promised_only_as_far_as_it_can_be_staged(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """Promotions stage through CPU slots: with 5 of them, two of which write-back may hold,
+    a 5-chunk prompt on SSD loads 3 chunks, and vLLM is promised those 3 only (not 5, two of
+    which would fail and count in vLLM's cached tokens while being recomputed)."""
+    h = make_harness(
+        tmp_path / "model",
+        cpu_bytes=str(5 * SLOT),
+        max_batched=2 * CHUNK,  # 2 chunks a step: write-back keeps up, each prompt is all kept
+        extra={
+            "ssd_dirs": str(ssd),
+            "ssd_bytes": str(64 * SLOT),
+            "ssd_write_backlog": str(2 * SLOT),
+            "hit_policy": "load",
+        },
+    )
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i))
+    assert serve_again(h, "again", tokens(0)) == 3 * CHUNK
+    assert h.cached_tokens["again"] == 3 * CHUNK
+    params = h.params["again"]["miniflex"]
+    assert params["hit_tokens"] == 3 * CHUNK
+    assert params["resident_tokens_ssd"] == CHUNKS * CHUNK
     h.worker.shutdown()

@@ -84,11 +84,17 @@ def test_ttft_evicted_prompt_is_recomputed_by_apc_and_loaded_by_miniflex(run) ->
     rows = {(r["config"], r["prompt_tokens"]): r for r in load(run[0], "ttft")["rows"]}
     for n in TTFT_PROMPTS:
         assert rows[("apc", n)]["vllm_hit"] == 0 and rows[("apc", n)]["ext_hit"] == 0
-        for config in ("miniflex-cpu", "miniflex-ssd"):
-            assert rows[(config, n)]["vllm_hit"] == 0
-            assert rows[(config, n)]["ext_hit"] == expected_hit(n)
-        assert rows[("miniflex-cpu", n)]["tiers"] == f"cpu={expected_hit(n)}"
-        assert rows[("miniflex-cpu", n)]["floor_ms"] is not None  # memcpy bandwidth on CPU
+        cpu, ssd = rows[("miniflex-cpu", n)], rows[("miniflex-ssd", n)]
+        assert cpu["vllm_hit"] == 0 and cpu["ext_hit"] == expected_hit(n)
+        assert cpu["tiers"] == f"cpu={expected_hit(n)}" and cpu["resident"] == f"cpu={n}"
+        assert cpu["floor_ms"] is not None  # memcpy bandwidth on CPU
+        # miniflex-ssd's CPU tier is smaller than the working set: part of the prompt is on
+        # SSD, and a load stages it through that CPU tier, so it may load less than it found;
+        # it never promises vLLM more than it loads (no vLLM hit appears after an eviction)
+        assert ssd["vllm_hit"] == 0 and 0 < ssd["ext_hit"] <= expected_hit(n)
+        found = sum(int(part.split("=")[1]) for part in ssd["resident"].split())
+        loaded = sum(int(part.split("=")[1]) for part in ssd["tiers"].split())
+        assert found == n and loaded == ssd["ext_hit"]
 
 
 def test_overflow_apc_misses_past_capacity_miniflex_stays_flat(run) -> None:
@@ -122,9 +128,39 @@ def test_overhead_compares_unique_prompts_with_apc(run) -> None:
     assert set(payload["summary"]["vs_apc"]) == {"miniflex-cpu", "miniflex-ssd"}
 
 
-@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed"])
+@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed", "ssd"])
 def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
     """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
     plan = h200_dry_run(part, tmp_path)
     assert plan["llm_args"]["load_format"] == "dummy"
-    assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
+    if part != "ssd":
+        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
+        return
+    assert set(plan["kv_transfer"]) == {"apc", "miniflex-ssd", "native-fs"}
+    extra = plan["kv_transfer"]["miniflex-ssd"]["kv_connector_extra_config"]
+    assert extra["cpu_bytes"] == 5 << 30  # holds the 30k-token prompt the fs tier promotes
+
+
+def test_ttft_evict_cpu_leaves_the_prompt_on_ssd_only(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--ttft-evict cpu``: fillers worth 1.5x a 4 MiB CPU tier (32 chunks of 64 tokens)
+    push the prompt out of it; written back as it was evicted, the lookup finds all of it on
+    SSD, and it is loaded from there. Prefill runs two chunks a step, so that write-back
+    (8 chunks at most at once) keeps up and drops nothing."""
+    monkeypatch.setenv("MINIFLEX_HIT_POLICY", "load")  # not the cost model's call: load it
+    ssd = direct_io_dir(tmp_path, Path("/var/tmp"))
+    run_bench(
+        "ttft",
+        *("--configs", "miniflex-ssd", "--model", str(tiny_model), "--block-size", "32"),
+        *("--gpu-blocks", "24", "--ttft-prompts", "640", "--ttft-evict", "cpu"),
+        *("--blocks-per-chunk", "2", "--ssd-cpu-bytes", "4MiB", "--ssd-dir", str(ssd)),
+        *("--max-num-batched-tokens", "128", "--json", str(tmp_path / "ttft.json")),
+        timeout=600,
+    )
+    payload = json.loads((tmp_path / "ttft.json").read_text())
+    assert payload["params"]["push_tokens"] == 3072  # 6 MiB of KV at 2 KiB per token
+    (row,) = payload["rows"]
+    assert row["resident"] == "ssd=640" and row["tiers"] == f"ssd={expected_hit(640)}"
+    assert row["ext_hit"] == expected_hit(640) and row["vllm_hit"] == 0
+    assert row["load"] == "async" and row["same_token"]

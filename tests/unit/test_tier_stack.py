@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from miniflex.plan import SlotCopy
 from miniflex.tiers import TierStack
+from miniflex.tiers.hierarchy import WRITE_WAIT_S
 from miniflex.types import ChunkKey, SlotId, Tier
 
 
@@ -28,17 +29,54 @@ def pinned(stack: TierStack) -> tuple[int, int]:
     return stack.cpu.usage().pinned_or_moving, stack.ssd.usage().pinned_or_moving
 
 
-def test_eviction_from_cpu_queues_a_write_back_of_the_victim() -> None:
-    stack = TierStack(cpu_slots=2, ssd_slots=8)
-    placed = store(stack, [k(0), k(1)])
-    assert stack.take_demotions() == []
-    store(stack, [k(2)])  # evicts k(0), the least recently used
+def test_write_back_starts_ahead_of_need_and_the_chunk_stays_readable_until_written() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1)
+    placed = store(stack, [k(0), k(1), k(2)])
+    assert stack.take_demotions() == []  # one slot is still free
+    store(stack, [k(3)])  # takes it: the least recently used chunk starts its write-back
     (copy,) = stack.take_demotions()
     assert copy.key == k(0) and copy.cpu == dict(placed)[k(0)]
-    assert stack.match([k(0)]) == 0  # not visible anywhere until written
+    assert k(0) in stack.cpu and stack.match([k(0)]) == 1  # still served from CPU
+    assert stack.writing_back == 1 and stack.cpu.free_slots == 0
     stack.complete_demotions([copy], set())
     assert stack.ssd is not None and k(0) in stack.ssd and k(0) not in stack.cpu
-    assert stack.match([k(0), k(1), k(2)]) == 3  # a prefix across both tiers
+    assert stack.cpu.free_slots == 1  # the next store takes it without waiting
+    assert stack.match([k(0), k(1), k(2), k(3)]) == 4  # a prefix across both tiers
+
+
+def test_past_max_writeback_a_store_waits_only_for_a_write_predicted_to_end_soon() -> None:
+    now = [0.0]
+    stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1, clock=lambda: now[0])
+    stack.observe_writes(chunks=2, seconds=2.0)  # a slow disk: a second per chunk
+    for i in range(4):
+        store(stack, [k(i)])  # the last one starts k(0)'s write-back
+    (copy,) = stack.take_demotions()  # sent at t=0: predicted to end at t=1
+    store(stack, [k(4)])  # k(0)'s write is a second away: k(1) is evicted unwritten
+    assert stack.take_skipped_demotions() == 1 and stack.take_skipped_demotions() == 0
+    assert stack.match([k(1)]) == 0 and k(0) in stack.cpu
+    now[0] = 1.0 - WRITE_WAIT_S / 2  # the write should be about done: its slot is taken
+    store(stack, [k(5)])
+    assert stack.take_skipped_demotions() == 0
+    assert k(0) not in stack.cpu and k(5) in stack.cpu
+    assert [c.key for c in stack.take_demotions()] == [k(2)]  # written ahead, as always
+    stack.complete_demotions([copy], set())  # k(0) reaches SSD; its old slot is k(5)'s
+    assert stack.match([k(0)]) == 1 and k(5) in stack.cpu
+
+
+def test_a_chunk_loaded_while_it_is_written_back_keeps_its_slot_until_the_load_ends() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1)
+    for i in range(4):
+        store(stack, [k(i)])  # k(0) is being written back
+    sources = stack.acquire([k(0)])
+    assert [s.tier for s in sources] == [Tier.CPU]
+    copies = stack.take_demotions()  # sent; no speed seen yet, so predicted done at once
+    store(stack, [k(4)])  # yet its slot is not taken from under the load: k(1) goes instead
+    assert k(0) in stack.cpu and stack.match([k(1)]) == 0
+    stack.complete_demotions(copies, set())  # written: dropped from CPU, the load still reads
+    assert stack.cpu.free_slots == 0 and k(0) not in stack.cpu
+    stack.release(sources, ok=True, bad_keys=set())
+    assert stack.cpu.free_slots == 1 and pinned(stack) == (0, 0)
+    assert stack.match([k(0)]) == 1  # on SSD
 
 
 def test_failed_write_back_is_not_published() -> None:
@@ -66,26 +104,26 @@ def test_promotion_reads_into_a_fresh_cpu_slot_and_publishes_it() -> None:
     for i in range(4):
         store(stack, [k(i)])
         demote_all(stack)
+    # write-back runs one chunk ahead: CPU holds k(3) and a free slot, SSD k(0..2)
     sources = stack.acquire([k(0), k(3)])
     assert [s.tier for s in sources] == [Tier.SSD, Tier.CPU]
     assert stack.ssd is not None and sources[0].ssd == stack.ssd.slot_of(k(0))
-    # promoting k(0) evicted k(2) (k(3) was pinned): its write-back is queued,
-    # its SSD slot pinned like k(0)'s for the read
-    assert pinned(stack) == (2, 2)
-    assert [c.key for c in demote_all(stack)] == [k(2)]
+    # k(0)'s fresh CPU slot and k(3)'s are pinned, and k(0)'s SSD slot for the read
+    assert pinned(stack) == (2, 1)
+    assert k(0) not in stack.cpu  # visible in CPU only once read
     stack.release(sources, ok=True, bad_keys=set())
     assert pinned(stack) == (0, 0)
     assert k(0) in stack.cpu and k(0) in stack.ssd  # promoted; the SSD copy stays
 
 
 def test_a_corrupt_chunk_is_dropped_from_ssd_and_not_published_on_cpu() -> None:
-    stack = TierStack(cpu_slots=1, ssd_slots=4)
+    stack = TierStack(cpu_slots=2, ssd_slots=4)
     store(stack, [k(0)])
-    store(stack, [k(1)])
+    store(stack, [k(1)])  # starts k(0)'s write-back
     demote_all(stack)
     sources = stack.acquire([k(0)])
     stack.release(sources, ok=True, bad_keys={k(0)})
-    demote_all(stack)  # k(1), evicted to make room for the promotion
+    demote_all(stack)  # k(1), written ahead once the promotion took the free slot
     assert stack.match([k(0)]) == 0
     assert stack.match([k(1)]) == 1
     assert pinned(stack) == (0, 0)
@@ -105,15 +143,15 @@ def test_promotion_without_a_free_cpu_slot_ends_the_load_and_unpins_the_rest() -
 
 
 def test_promoting_never_evicts_a_chunk_of_the_same_load_from_a_full_ssd() -> None:
-    stack = TierStack(cpu_slots=1, ssd_slots=2)
+    stack = TierStack(cpu_slots=2, ssd_slots=2)
     for i in range(3):
         store(stack, [k(i)])
         demote_all(stack)
-    # CPU: k(2); SSD (full): k(0), k(1). Promoting k(0) evicts k(2) from CPU, whose
-    # write-back needs an SSD slot; k(0) and k(1) are pinned, so it is dropped. k(1)
-    # finds no CPU slot (k(0)'s is pinned): the load ends after k(0).
+    # CPU: k(2) and a free slot; SSD (full): k(0), k(1). k(0) is read into the free slot;
+    # k(1)'s promotion evicts k(2), whose write-back needs an SSD slot: k(0) and k(1) are
+    # pinned, so it is dropped.
     sources = stack.acquire([k(0), k(1)])
-    assert [s.key for s in sources] == [k(0)]
+    assert [s.key for s in sources] == [k(0), k(1)]
     assert stack.take_demotions() == [] and stack.dropped_demotions == 1
     stack.release(sources, ok=True, bad_keys=set())
     assert stack.match([k(0), k(1)]) == 2
@@ -144,7 +182,7 @@ def test_write_through_copies_every_stored_chunk_with_its_cpu_slot_pinned() -> N
 
 
 def test_clear_forgets_both_tiers() -> None:
-    stack = TierStack(cpu_slots=1, ssd_slots=4)
+    stack = TierStack(cpu_slots=2, ssd_slots=4)
     store(stack, [k(0)])
     store(stack, [k(1)])
     demote_all(stack)
@@ -154,10 +192,9 @@ def test_clear_forgets_both_tiers() -> None:
 
 def test_a_chunk_being_promoted_is_not_offered_to_a_second_load() -> None:
     stack = TierStack(cpu_slots=4, ssd_slots=8)
-    for i in range(4):
+    for i in (0, 1, 2, 3, 10, 11, 12, 13):  # pushes k(0..3) to SSD, one at a time
         store(stack, [k(i)])
-    store(stack, [k(10), k(11), k(12), k(13)])  # pushes k(0..3) to SSD
-    demote_all(stack)
+        demote_all(stack)
     first = stack.acquire([k(0), k(1)])
     assert [s.tier for s in first] == [Tier.SSD, Tier.SSD]
     # while the first load promotes them, a second request sees no loadable prefix...
