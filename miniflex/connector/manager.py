@@ -4,7 +4,9 @@ It runs inside vLLM's scheduler (EngineCore process), owns the tier metadata
 and never touches KV bytes. Per engine step:
 
 1. ``lookup`` (from ``get_num_new_matched_tokens``): a side-effect-free prefix
-   match of the request's chunk keys, starting after vLLM's own GPU hit.
+   match of the request's chunk keys, starting after vLLM's own GPU hit; how
+   much of it to load, and how, is the :class:`~miniflex.connector.advisor.HitAdvisor`'s
+   call (the cost model, which it also keeps calibrated).
 2. ``on_alloc`` (from ``update_state_after_alloc``): pins the hit chunks and
    records the blocks vLLM allocated for them.
 3. ``build_plan`` (from ``build_connector_meta``): demotions (CPU->SSD writes
@@ -18,7 +20,6 @@ and never touches KV bytes. Per engine step:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from miniflex.config import MiniFlexConfig
+from miniflex.connector.advisor import HitAdvisor
 from miniflex.connector.requests import PendingLoad, ReqState, tokens_by_tier
 from miniflex.cost import make_cost_model
 from miniflex.index import keys_to_array
@@ -44,7 +46,6 @@ from miniflex.plan import (
 )
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
-from miniflex.tiers.hierarchy import WRITE_WAIT_S
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["MiniFlexManager", "ScheduledReq"]
@@ -110,9 +111,8 @@ class MiniFlexManager:
         self.config = config
         self.ns = ns
         self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
+        self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
-        self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
-        self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
         self.tiers = TierStack(
             num_slots,
             config.cpu_eviction,
@@ -122,7 +122,7 @@ class MiniFlexManager:
             max_writeback=_writeback_chunks(
                 config, num_slots, chunk_bytes, -(-step_tokens // ns.chunk_tokens)
             ),
-            wait_budget=self._write_wait_budget,
+            wait_budget=self.advisor.write_wait_budget,
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
@@ -176,14 +176,6 @@ class MiniFlexManager:
             st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
         return st.keys
 
-    def _write_wait_budget(self) -> float:
-        """How long a store may wait for a write-back to SSD rather than drop a chunk: what
-        recomputing one chunk costs (the prefill fit), WRITE_WAIT_S until it is fitted."""
-        prefill = self.cost.prefill
-        if prefill is None:
-            return WRITE_WAIT_S
-        return max(WRITE_WAIT_S, prefill.per_token * self.ns.chunk_tokens)
-
     # ---- 1. lookup ----
     def lookup(
         self, req_id: ReqId, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
@@ -208,7 +200,7 @@ class MiniFlexManager:
             st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
             if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
                 tiers = tiers[: self.tiers.max_load_chunks]
-            hit = self._decide(st, tiers, num_tokens, num_computed)
+            hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
         else:
             st.resident_by_tier = {}
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
@@ -222,34 +214,12 @@ class MiniFlexManager:
         st = self._reqs.get(req_id)
         return st is None or st.timing is LoadTiming.ASYNC
 
-    def _decide(self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int) -> int:
-        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``, and how
-        (``st.timing``, by ``load_mode``)."""
-        mode = self.config.load_mode
-        layerwise = False
-        if self.config.hit_policy == "cost" and (self.ssd is not None or mode == "auto"):
-            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto")
-            n, layerwise = st.decision.load_chunks, st.decision.layerwise
-        else:
-            n = len(tiers)
-            if self.config.hit_policy == "cpu":
-                n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
-            if mode == "auto":
-                layerwise = self.cost.choose(tiers[:n], num_tokens, num_computed, True).layerwise
-        if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
-            st.timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
-        elif mode == "auto":
-            st.timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
-        else:
-            st.timing = LoadTiming(mode)
-        return n
-
     # ---- 2. allocation ----
     def on_alloc(self, req_id: ReqId, block_ids: Sequence[BlockId], num_external: int) -> None:
         """Pin the chunks to load into ``block_ids`` (the request's whole block table)."""
         st = self.state(req_id)
         st.block_ids = list(block_ids)
-        self._record_decision(st)
+        self.advisor.record(st, self.stats)
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
         ct = self.ns.chunk_tokens
@@ -264,28 +234,6 @@ class MiniFlexManager:
         self.stats.load_timing[st.timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, st.timing.value)
         self._to_load.append(req_id)
-
-    def _record_decision(self, st: ReqState) -> None:
-        """Count the cost model's decision for this request once, and start timing its TTFT."""
-        d = st.decision
-        if d is None or not d.calibrated or st.ttft_start is not None or st.decided:
-            return
-        st.decided = True
-        self.stats.cost_decisions += 1
-        self.stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
-        st.ttft_start = time.perf_counter()
-        logger.debug(
-            "MiniFlex %s: load %d of %d resident chunks %s, predicted TTFT %.1f ms "
-            "(async %.1f ms, load all %.1f ms, recompute %.1f ms)",
-            st.req_id,
-            d.load_chunks,
-            d.resident_chunks,
-            "layerwise" if d.layerwise else "async",
-            1e3 * d.predicted_s,
-            1e3 * d.async_s,
-            1e3 * d.load_all_s,
-            1e3 * d.recompute_s,
-        )
 
     # ---- 3. plans ----
     def build_plan(
@@ -309,16 +257,11 @@ class MiniFlexManager:
         self._to_load.clear()
         jobs: list[TransferJob] = []
         self._step += 1
-        tokens, pairs = 0, 0.0
         for s in scheduled:
-            n, ctx = s.num_scheduled_tokens, s.num_computed_tokens
-            tokens += n
-            pairs += n * (ctx + n / 2)
             st = self.state(s.req_id)
-            if st.ttft_start is not None and ctx + n >= st.num_prompt_tokens:
-                self._ttft_pending.setdefault(self._step, []).append(s.req_id)
-                while len(self._ttft_pending) > 256:  # steps whose timing never came back
-                    del self._ttft_pending[next(iter(self._ttft_pending))]
+            self.advisor.note_scheduled(
+                self._step, st, s.num_scheduled_tokens, s.num_computed_tokens
+            )
             st.block_ids = (
                 list(s.block_ids) if s.replace_blocks else st.block_ids + list(s.block_ids)
             )
@@ -335,48 +278,16 @@ class MiniFlexManager:
             self._clear_ssd = False
             jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
-        # A step that waited for a load inside its forward says little about prefill speed.
-        if tokens and not any(j.synchronous for j in loads):
-            self._step_work[self._step] = (tokens, pairs)
-            while len(self._step_work) > 256:  # steps whose timing never came back
-                del self._step_work[next(iter(self._step_work))]
+        self.advisor.end_step(self._step, timed=not any(j.synchronous for j in loads))
         return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted, step=self._step)
 
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:
-        """The workers' start-up load probes: the cost model's first bandwidths (slowest rank)."""
-        probes = list(probes)
-        if probes:
-            slow = min(probes, key=lambda p: p.num_bytes / p.load_seconds)
-            slow_lw = min(probes, key=lambda p: p.num_bytes / p.layerwise_seconds)
-            self.cost.start_from_probe(
-                slow.num_bytes / slow.load_seconds, slow_lw.num_bytes / slow_lw.layerwise_seconds
-            )
+        """The workers' start-up load probes (see :class:`HitAdvisor`)."""
+        self.advisor.on_probes(probes)
 
     def on_step_times(self, times: Iterable[tuple[int, float]]) -> None:
         """Forward times the workers measured: calibrate the prefill model, close TTFTs."""
-        by_step: dict[int, float] = {}
-        for step, seconds in times:  # every TP rank reports every step: the slowest counts
-            by_step[step] = max(seconds, by_step.get(step, 0.0))
-        now = time.perf_counter()
-        for step, seconds in sorted(by_step.items()):
-            work = self._step_work.pop(step, None)
-            if work is not None:
-                self.cost.observe_step(work[0], work[1], seconds)
-            for req_id in self._ttft_pending.pop(step, ()):
-                st = self._reqs.get(req_id)
-                if st is None or st.ttft_start is None or st.decision is None:
-                    continue
-                actual = now - st.ttft_start
-                self.stats.ttft_samples += 1
-                self.stats.ttft_predicted_s += st.decision.predicted_s
-                self.stats.ttft_actual_s += actual
-                logger.debug(
-                    "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
-                    req_id,
-                    1e3 * actual,
-                    1e3 * st.decision.predicted_s,
-                )
-                st.ttft_start = None
+        self.advisor.on_step_times(times, self._reqs, self.stats)
 
     def _demote_job(self) -> TransferJob | None:
         copies = self.tiers.take_demotions()
@@ -481,7 +392,8 @@ class MiniFlexManager:
             rec.failed_keys.update(r.failed_keys)
             self.stats.add_result(r)
             if r.kind is JobKind.LOAD and r.ok:
-                self._observe_load(rec, r)
+                promoted = sum(1 for c in rec.sources if c.ssd is not None) - len(r.failed_keys)
+                self.advisor.observe_load(rec.job.timing, promoted, r)
             elif r.kind is JobKind.DEMOTE and r.ok:
                 self.tiers.observe_writes(len(rec.copies), r.seconds)
             if rec.pending_reports > 0:
@@ -542,15 +454,6 @@ class MiniFlexManager:
         first = next((i for i, b in enumerate(st.block_ids) if b in bad), None)
         if first is not None:
             st.stored_chunks = min(st.stored_chunks, first // self.ns.blocks_per_chunk)
-
-    def _observe_load(self, rec: _Job, r: JobResult) -> None:
-        if rec.job.timing is not LoadTiming.ASYNC:  # in-step: timed from issue, with compute
-            self.cost.observe_layerwise(r.num_bytes, r.seconds)
-            return
-        promoted = sum(1 for s in rec.sources if s.ssd is not None) - len(r.failed_keys)
-        if promoted > 0 and r.ssd_seconds > 0:
-            self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
-        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds)
 
     def _commit_load(self, rec: _Job) -> dict[str, int]:
         """Unpin and publish a finished load; returns the tokens vLLM won't recompute, per tier."""

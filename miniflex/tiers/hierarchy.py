@@ -29,10 +29,11 @@ It decides where every chunk goes and never touches bytes:
 
 Example::
 
-    stack = TierStack(cpu_slots=2, ssd_slots=8)
-    placed = stack.cpu.prepare_store([a, b, c])  # c evicts nothing yet: 2 slots
-    ...
-    stack.take_demotions()  # [SlotCopy(a, cpu=0, ssd=..)] once c evicts a
+    stack = TierStack(cpu_slots=4, ssd_slots=8)  # writes back one chunk at a time
+    stack.complete_store(stack.prepare_store([a, b, c]), ok=True)  # a slot is still free
+    stack.complete_store(stack.prepare_store([d]), ok=True)  # the last one: write ahead
+    copies = stack.take_demotions()  # [SlotCopy(a, cpu=0, ssd=0)]; a still served from CPU
+    stack.complete_demotions(copies, failed=set())  # a is on SSD only; its CPU slot is free
 """
 
 from __future__ import annotations

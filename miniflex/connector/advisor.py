@@ -1,0 +1,180 @@
+"""The cost model's seat in the scheduler: what a request loads, and what it really cost.
+
+:class:`HitAdvisor` answers, per lookup, how many of the resident chunks a
+request loads and whether inside the computing step (layer by layer) or
+before it (asynchronously), by ``hit_policy`` and ``load_mode``. It also
+feeds the cost model: the workers' start-up probes, every timed load, and
+the forward time of every step together with the tokens that step computed.
+A request whose load was decided by the calibrated model is timed from its
+allocation to the end of the step that computes its last prompt token, and
+the prediction and the actual time are added to the stats.
+
+Example::
+
+    advisor = HitAdvisor(config, cost_model)
+    n = advisor.decide(st, [Tier.CPU, Tier.SSD], num_tokens=4096, num_computed=0, ssd=True)
+    advisor.record(st, stats)                    # at allocation: counted, TTFT timed
+    advisor.note_scheduled(step, st, n_tokens, ctx)
+    advisor.end_step(step, timed=True)
+    advisor.on_step_times([(step, 0.21)], reqs, stats)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+from miniflex.config import MiniFlexConfig
+from miniflex.connector.requests import ReqState
+from miniflex.cost import CostModel
+from miniflex.plan import JobResult, LoadProbe, LoadTiming
+from miniflex.stats import TransferStats
+from miniflex.tiers.hierarchy import WRITE_WAIT_S
+from miniflex.types import ReqId, Tier
+
+__all__ = ["HitAdvisor"]
+
+logger = logging.getLogger("miniflex.manager")
+
+KEEP_STEPS = 256
+"""Steps whose forward time is still awaited; older ones are forgotten (never reported)."""
+
+
+class HitAdvisor:
+    """Decides loads with the cost model and keeps it calibrated; scheduler side, one thread."""
+
+    def __init__(self, config: MiniFlexConfig, cost: CostModel) -> None:
+        self.config = config
+        self.cost = cost
+        self._tokens, self._pairs = 0, 0.0  # of the step being planned
+        self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
+        self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
+
+    # ---- decisions ----
+    def decide(
+        self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int, ssd: bool
+    ) -> int:
+        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``, and how
+        (``st.timing``, by ``load_mode``). ``ssd``: the engine has an SSD tier."""
+        mode = self.config.load_mode
+        layerwise = False
+        if self.config.hit_policy == "cost" and (ssd or mode == "auto"):
+            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto")
+            n, layerwise = st.decision.load_chunks, st.decision.layerwise
+        else:
+            n = len(tiers)
+            if self.config.hit_policy == "cpu":
+                n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
+            if mode == "auto":
+                layerwise = self.cost.choose(tiers[:n], num_tokens, num_computed, True).layerwise
+        if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
+            st.timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
+        elif mode == "auto":
+            st.timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
+        else:
+            st.timing = LoadTiming(mode)
+        return n
+
+    def record(self, st: ReqState, stats: TransferStats) -> None:
+        """Count the cost model's decision for this request once, and start timing its TTFT."""
+        d = st.decision
+        if d is None or not d.calibrated or st.ttft_start is not None or st.decided:
+            return
+        st.decided = True
+        stats.cost_decisions += 1
+        stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
+        st.ttft_start = time.perf_counter()
+        logger.debug(
+            "MiniFlex %s: load %d of %d resident chunks %s, predicted TTFT %.1f ms "
+            "(async %.1f ms, load all %.1f ms, recompute %.1f ms)",
+            st.req_id,
+            d.load_chunks,
+            d.resident_chunks,
+            "layerwise" if d.layerwise else "async",
+            1e3 * d.predicted_s,
+            1e3 * d.async_s,
+            1e3 * d.load_all_s,
+            1e3 * d.recompute_s,
+        )
+
+    def write_wait_budget(self) -> float:
+        """How long a store may wait for a write-back to SSD rather than drop a chunk: what
+        recomputing one chunk costs (the prefill fit; WRITE_WAIT_S at least)."""
+        prefill = self.cost.prefill
+        if prefill is None:
+            return WRITE_WAIT_S
+        return max(WRITE_WAIT_S, prefill.per_token * self.cost.chunk_tokens)
+
+    # ---- what each step computed ----
+    def note_scheduled(self, step: int, st: ReqState, num_tokens: int, ctx: int) -> None:
+        """``st`` computes ``num_tokens`` after ``ctx`` in ``step`` (one call per request)."""
+        self._tokens += num_tokens
+        self._pairs += num_tokens * (ctx + num_tokens / 2)
+        if st.ttft_start is not None and ctx + num_tokens >= st.num_prompt_tokens:
+            self._ttft_pending.setdefault(step, []).append(st.req_id)
+            _trim(self._ttft_pending)
+
+    def end_step(self, step: int, timed: bool) -> None:
+        """The plan of ``step`` is complete; ``timed`` False: its forward time says little
+        about prefill (it waited for a load inside the step)."""
+        if self._tokens and timed:
+            self._step_work[step] = (self._tokens, self._pairs)
+            _trim(self._step_work)
+        self._tokens, self._pairs = 0, 0.0
+
+    # ---- measurements ----
+    def on_probes(self, probes: Iterable[LoadProbe]) -> None:
+        """The workers' start-up load probes: the cost model's first bandwidths (slowest rank)."""
+        probes = list(probes)
+        if probes:
+            slow = min(probes, key=lambda p: p.num_bytes / p.load_seconds)
+            slow_lw = min(probes, key=lambda p: p.num_bytes / p.layerwise_seconds)
+            self.cost.start_from_probe(
+                slow.num_bytes / slow.load_seconds, slow_lw.num_bytes / slow_lw.layerwise_seconds
+            )
+
+    def observe_load(self, timing: LoadTiming, promoted: int, r: JobResult) -> None:
+        """A worker's load result; ``promoted``: chunks it read from SSD without failing."""
+        if timing is not LoadTiming.ASYNC:  # in-step: timed from issue, with compute
+            self.cost.observe_layerwise(r.num_bytes, r.seconds)
+            return
+        if promoted > 0 and r.ssd_seconds > 0:
+            self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
+        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds)
+
+    def on_step_times(
+        self,
+        times: Iterable[tuple[int, float]],
+        reqs: Mapping[ReqId, ReqState],
+        stats: TransferStats,
+    ) -> None:
+        """Forward times the workers measured: calibrate the prefill model, close TTFTs."""
+        by_step: dict[int, float] = {}
+        for step, seconds in times:  # every TP rank reports every step: the slowest counts
+            by_step[step] = max(seconds, by_step.get(step, 0.0))
+        now = time.perf_counter()
+        for step, seconds in sorted(by_step.items()):
+            work = self._step_work.pop(step, None)
+            if work is not None:
+                self.cost.observe_step(work[0], work[1], seconds)
+            for req_id in self._ttft_pending.pop(step, ()):
+                st = reqs.get(req_id)
+                if st is None or st.ttft_start is None or st.decision is None:
+                    continue
+                actual = now - st.ttft_start
+                stats.ttft_samples += 1
+                stats.ttft_predicted_s += st.decision.predicted_s
+                stats.ttft_actual_s += actual
+                logger.debug(
+                    "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
+                    req_id,
+                    1e3 * actual,
+                    1e3 * st.decision.predicted_s,
+                )
+                st.ttft_start = None
+
+
+def _trim(by_step: dict) -> None:
+    while len(by_step) > KEEP_STEPS:  # steps whose timing never came back
+        del by_step[next(iter(by_step))]
