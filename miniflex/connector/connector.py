@@ -216,7 +216,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
-    ) -> tuple[int, bool]:
+    ) -> tuple[int | None, bool]:
+        """None: not known yet, vLLM asks again in a later step (a chunk is landing on SSD)."""
         self._requests[request.request_id] = request
         n = self.manager.lookup(
             request.request_id,
@@ -224,6 +225,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             request.num_tokens,
             num_computed_tokens,
         )
+        if n is None:
+            return None, False
         return n, n > 0 and self.manager.load_async(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:

@@ -20,6 +20,7 @@ and never touches KV bytes. Per engine step:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +49,12 @@ from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
-__all__ = ["MiniFlexManager", "ScheduledReq"]
+__all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
 
 logger = logging.getLogger("miniflex.manager")
+
+LANDING_WAIT_S = 0.5
+"""Longest a request's lookup waits for a chunk on its way to SSD (see ``lookup``)."""
 
 
 @dataclass(frozen=True)
@@ -179,8 +183,13 @@ class MiniFlexManager:
     # ---- 1. lookup ----
     def lookup(
         self, req_id: ReqId, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
-    ) -> int:
-        """Tokens beyond ``num_computed`` that MiniFlex can load; no side effect on tiers."""
+    ) -> int | None:
+        """Tokens beyond ``num_computed`` that MiniFlex can load; no side effect on tiers.
+
+        None: ask again in a later step. The run of resident chunks ends at one on its way to
+        SSD, readable nowhere until its write is reported (within a step or two); waiting
+        beats recomputing the rest of the prompt, up to LANDING_WAIT_S.
+        """
         st = self.state(req_id)
         st.num_computed_tokens = num_computed
         st.num_prompt_tokens = num_tokens
@@ -197,16 +206,31 @@ class MiniFlexManager:
                 tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
             else:
                 tiers = [Tier.CPU] * hit
+            if self._wait_for_landing(st, keys, start + len(tiers)):
+                return None
             st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
             if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
                 tiers = tiers[: self.tiers.max_load_chunks]
             hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
+        elif self._wait_for_landing(st, keys, start):
+            return None
         else:
             st.resident_by_tier = {}
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed:
             st.timing = LoadTiming.ASYNC
         return max(0, end - num_computed)
+
+    def _wait_for_landing(self, st: ReqState, keys: list[ChunkKey], end: int) -> bool:
+        """True: the chunk after the resident run (``keys[end]``) is landing on SSD and the
+        request has waited for it less than LANDING_WAIT_S."""
+        if self.ssd is None or end >= len(keys) or not self.tiers.landing(keys[end]):
+            st.landing_since = None
+            return False
+        now = time.monotonic()
+        if st.landing_since is None:
+            st.landing_since = now
+        return now - st.landing_since < LANDING_WAIT_S
 
     def load_async(self, req_id: ReqId) -> bool:
         """Whether the hit of the request's last lookup loads asynchronously (vLLM's
@@ -365,6 +389,13 @@ class MiniFlexManager:
         first = st.stored_chunks
         st.stored_chunks = full
         placed = self.tiers.prepare_store(keys[first:full])
+        # chunks neither placed nor already in CPU found no slot (every one pinned): lost
+        done = {k for k, _ in placed}
+        self.stats.stores_skipped += sum(
+            1
+            for k in keys[first:full]
+            if k not in done and k not in self.cpu and not self.cpu.is_storing(k)
+        )
         if not placed:
             return None
         index = {k: i for i, k in enumerate(keys)}

@@ -52,6 +52,8 @@ class ReqState:
     finished: bool = False
     hit_tokens: int = 0
     hit_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens loaded
+    landing_since: float | None = None
+    """When lookups began waiting for a chunk on its way to SSD (None: not waiting)."""
     resident_by_tier: dict[str, int] = field(default_factory=dict)
     """Tier name -> prompt tokens the last lookup found there (before the cost model chose)."""
     stored_tokens: int = 0

@@ -22,8 +22,11 @@ It decides where every chunk goes and never touches bytes:
   is dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
   the disk is slower than the chunks arrive, and a store never waits for it
   longer than that. The manager's budget is the time recomputing one chunk
-  takes: waiting longer for the disk than that saves nothing. With ``write_through`` every chunk
-  stored on CPU is also queued for SSD (its CPU slot pinned until written).
+  takes: waiting longer for the disk than that saves nothing. Only when every
+  other CPU slot is pinned does a store take the oldest write's slot whatever
+  the prediction: waiting then beats losing the chunk being stored. With
+  ``write_through`` every chunk stored on CPU is also queued for SSD (its CPU
+  slot pinned until written).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
   tier only once its bytes are known to be there.
 
@@ -98,7 +101,8 @@ class TierStack:
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
         self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
-        self._taken_early: set[SlotCopy] = set()  # slot reclaimed before the write was seen
+        self._taken_early: dict[ChunkKey, SlotCopy] = {}  # slot reclaimed before the write
+        # was seen: the chunk is in neither tier until the write is reported
         self._disk_free_at = 0.0  # when the writes sent so far are predicted to be done
         self.write_seconds: float | None = None
         """Seconds to write one chunk, as seen (None: none seen, and no estimate given)."""
@@ -255,8 +259,8 @@ class TierStack:
             if c in self._pinned_copies:
                 self._pinned_copies.discard(c)
                 self.cpu.complete_load([c.cpu], ok=True)
-            elif c in self._taken_early:
-                self._taken_early.discard(c)  # its slot has a new owner already
+            elif self._taken_early.get(c.key) == c:
+                del self._taken_early[c.key]  # its slot has a new owner already
             elif c in self._writing_back:
                 del self._writing_back[c]
                 self.cpu.finish_eviction(c.cpu)
@@ -278,6 +282,11 @@ class TierStack:
         being written already, since the last call."""
         n, self._skipped_demotions = self._skipped_demotions, 0
         return n
+
+    def landing(self, key: ChunkKey) -> bool:
+        """Whether ``key`` is on its way to SSD with no copy readable anywhere meanwhile (its
+        CPU slot was reclaimed before the write was reported): a lookup may wait for it."""
+        return key in self._taken_early
 
     @property
     def max_load_chunks(self) -> int:
@@ -307,18 +316,19 @@ class TierStack:
         self._writing_back[copy] = None
         return True
 
-    def _reclaim(self) -> SlotId | None:
+    def _reclaim(self, force: bool) -> SlotId | None:
         """``SlotTier`` hook, when no CPU slot is free: the slot of the oldest write-back, if
-        the backlog is full and that write is predicted to be done within the wait budget."""
-        if len(self._writing_back) < self.max_writeback or not self._writing_back:
+        the backlog is full and that write is predicted to be done within the wait budget;
+        ``force``: nothing else is left to evict, so any write already sent will do."""
+        if not self._writing_back or (len(self._writing_back) < self.max_writeback and not force):
             return None
         copy, done_at = next(iter(self._writing_back.items()))
-        if done_at is None or done_at > self._clock() + self._wait_budget():
+        if done_at is None or (not force and done_at > self._clock() + self._wait_budget()):
             return None
         if not self.cpu.take_kept(copy.cpu):
             return None
         del self._writing_back[copy]
-        self._taken_early.add(copy)
+        self._taken_early[copy.key] = copy
         return copy.cpu
 
     def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
@@ -343,4 +353,5 @@ class TierStack:
         if self.ssd is not None:
             pending, self._demotions = self._demotions, []
             self.complete_demotions(pending, {c.key for c in pending})
+            self._taken_early.clear()  # their writes still end, but never publish
         return self.cpu.clear() + (self.ssd.clear() if self.ssd is not None else 0)

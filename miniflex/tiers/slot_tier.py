@@ -49,14 +49,16 @@ class SlotTier:
         num_slots: int,
         policy: str = "lru",
         on_evict: Callable[[ChunkKey, SlotId], bool] | None = None,
-        reclaim: Callable[[], SlotId | None] | None = None,
+        reclaim: Callable[[bool], SlotId | None] | None = None,
     ) -> None:
         """``on_evict(key, slot)`` is called when making room evicts a resident chunk. False:
         the slot is handed to its new owner at once. True: the chunk is being written to
         another tier; it stays resident and readable, pinned, until :meth:`finish_eviction`,
         and making room goes on with the next victim (the hierarchy's write-back).
-        ``reclaim()``, asked before each victim is evicted when no slot is free, may hand
-        back the slot of such a kept chunk (see :meth:`take_kept`); None: evict as usual."""
+        ``reclaim(force)``, asked before each victim is evicted when no slot is free, may
+        hand back the slot of such a kept chunk (see :meth:`take_kept`); None: evict as
+        usual. When nothing is left to evict it is asked again with ``force`` True: a kept
+        chunk's slot is then the only way not to lose the chunk being placed."""
         assert num_slots > 0, "a tier needs at least one slot"
         self.tier = tier
         self._on_evict = on_evict
@@ -233,10 +235,12 @@ class SlotTier:
         if self._free:
             return self._free.pop()
         while True:  # a kept victim may make a reclaim possible (a full write-back backlog)
-            if self._reclaim is not None and (slot := self._reclaim()) is not None:
+            if self._reclaim is not None and (slot := self._reclaim(False)) is not None:
                 return slot
             victim = self._policy.evict()
-            if victim is None or not self._kept(victim):
+            if victim is None:
+                return None if self._reclaim is None else self._reclaim(True)
+            if not self._kept(victim):
                 return victim
 
     def _kept(self, victim: SlotId) -> bool:

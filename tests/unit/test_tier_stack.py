@@ -63,6 +63,36 @@ def test_past_max_writeback_a_store_waits_only_for_a_write_predicted_to_end_soon
     assert stack.match([k(0)]) == 1 and k(5) in stack.cpu
 
 
+def test_a_reclaimed_chunk_is_landing_until_its_write_is_reported() -> None:
+    now = [0.0]
+    stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1, clock=lambda: now[0])
+    for i in range(4):
+        store(stack, [k(i)])  # k(0) is being written back
+    (copy,) = stack.take_demotions()  # no write speed seen: predicted done at once
+    assert not stack.landing(k(0))  # still served from CPU
+    store(stack, [k(4)])  # takes k(0)'s slot
+    assert stack.landing(k(0)) and stack.match([k(0)]) == 0  # readable nowhere for now
+    stack.complete_demotions([copy], set())
+    assert not stack.landing(k(0)) and stack.match([k(0)]) == 1
+
+
+def test_with_every_other_slot_pinned_a_store_waits_for_a_write_rather_than_lose_a_chunk() -> None:
+    now = [0.0]
+    stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1, clock=lambda: now[0])
+    stack.observe_writes(chunks=1, seconds=10.0)  # a very slow disk
+    for i in range(4):
+        store(stack, [k(i)])  # k(0) is being written back
+    (copy,) = stack.take_demotions()
+    loads = stack.acquire([k(1), k(2), k(3)])  # every other chunk is being read
+    placed = stack.prepare_store([k(4)])  # nothing to evict: k(0)'s slot, write or not
+    assert placed == [(k(4), copy.cpu)] and stack.landing(k(0))
+    assert stack.take_skipped_demotions() == 0
+    stack.complete_store(placed, ok=True)
+    stack.release(loads, ok=True, bad_keys=set())
+    stack.complete_demotions([copy], set())
+    assert stack.match([k(0)]) == 1 and k(4) in stack.cpu
+
+
 def test_a_chunk_loaded_while_it_is_written_back_keeps_its_slot_until_the_load_ends() -> None:
     stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1)
     for i in range(4):
