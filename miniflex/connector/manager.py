@@ -199,23 +199,20 @@ class MiniFlexManager:
         st.decision = None
         st.timing = LoadTiming.ASYNC
         hit = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
-        if hit:
-            if self.ssd is not None:
-                run = st.key_array[start : start + hit]
-                # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
-                tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
-            else:
-                tiers = [Tier.CPU] * hit
-            if self._wait_for_landing(st, keys, start + len(tiers)):
-                return None
-            st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
-            if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
-                tiers = tiers[: self.tiers.max_load_chunks]
-            hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
-        elif self._wait_for_landing(st, keys, start):
+        tiers: list[Tier] = []
+        if hit and self.ssd is not None:
+            run = st.key_array[start : start + hit]
+            # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
+            tiers = self.tiers.residence(keys[start : start + hit], self.cpu.match(run))
+        elif hit:
+            tiers = [Tier.CPU] * hit
+        if self._wait_for_landing(st, keys, start + len(tiers)):
             return None
-        else:
-            st.resident_by_tier = {}
+        st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
+        if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
+            tiers = tiers[: self.tiers.max_load_chunks]
+        if hit:
+            hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed:
             st.timing = LoadTiming.ASYNC

@@ -271,8 +271,7 @@ class TierStack:
         if self.ssd is None or self.write_through:
             return
         while (
-            len(self._writing_back) < self.max_writeback
-            and self.cpu.free_slots + len(self._writing_back) < self.max_writeback
+            self.cpu.free_slots + len(self._writing_back) < self.max_writeback
             and self.cpu.evict_one()
         ):
             pass
@@ -316,20 +315,20 @@ class TierStack:
         self._writing_back[copy] = None
         return True
 
-    def _reclaim(self, force: bool) -> SlotId | None:
-        """``SlotTier`` hook, when no CPU slot is free: the slot of the oldest write-back, if
-        the backlog is full and that write is predicted to be done within the wait budget;
+    def _reclaim(self, force: bool) -> bool:
+        """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back,
+        if the backlog is full and that write is predicted to be done within the wait budget;
         ``force``: nothing else is left to evict, so any write already sent will do."""
         if not self._writing_back or (len(self._writing_back) < self.max_writeback and not force):
-            return None
+            return False
         copy, done_at = next(iter(self._writing_back.items()))
         if done_at is None or (not force and done_at > self._clock() + self._wait_budget()):
-            return None
-        if not self.cpu.take_kept(copy.cpu):
-            return None
+            return False
+        if not self.cpu.release_kept(copy.cpu):
+            return False
         del self._writing_back[copy]
         self._taken_early[copy.key] = copy
-        return copy.cpu
+        return True
 
     def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
         assert self.ssd is not None

@@ -49,14 +49,14 @@ class SlotTier:
         num_slots: int,
         policy: str = "lru",
         on_evict: Callable[[ChunkKey, SlotId], bool] | None = None,
-        reclaim: Callable[[bool], SlotId | None] | None = None,
+        reclaim: Callable[[bool], bool] | None = None,
     ) -> None:
         """``on_evict(key, slot)`` is called when making room evicts a resident chunk. False:
         the slot is handed to its new owner at once. True: the chunk is being written to
         another tier; it stays resident and readable, pinned, until :meth:`finish_eviction`,
         and making room goes on with the next victim (the hierarchy's write-back).
         ``reclaim(force)``, asked before each victim is evicted when no slot is free, may
-        hand back the slot of such a kept chunk (see :meth:`take_kept`); None: evict as
+        free the slot of such a kept chunk (see :meth:`release_kept`); False: evict as
         usual. When nothing is left to evict it is asked again with ``force`` True: a kept
         chunk's slot is then the only way not to lose the chunk being placed."""
         assert num_slots > 0, "a tier needs at least one slot"
@@ -216,30 +216,27 @@ class SlotTier:
             self._free.append(victim)
         return True
 
-    def take_kept(self, slot: SlotId) -> bool:
-        """Drop the chunk ``on_evict`` kept in ``slot`` now and give the slot to the caller
-        (no load may be reading it); False: a load pins it, the slot stays as it is."""
+    def release_kept(self, slot: SlotId) -> bool:
+        """Drop the chunk ``on_evict`` kept in ``slot`` now and free the slot (no load may be
+        reading it); False: a load pins it, the slot stays as it is."""
         self._policy.unpin(slot)
         if self._policy.is_pinned(slot):
             self._policy.pin(slot)
             return False
-        key = self._slot_key[slot]
-        if key is not None and self.slot_of(key) == slot:
-            self._index.delete(key)
-        self._policy.remove(slot)
-        self._slot_key[slot] = None
-        self._doomed.discard(slot)
+        self._unpublish(slot)
+        self._release(slot)
         return True
 
     def _allocate(self) -> SlotId | None:
         if self._free:
             return self._free.pop()
         while True:  # a kept victim may make a reclaim possible (a full write-back backlog)
-            if self._reclaim is not None and (slot := self._reclaim(False)) is not None:
-                return slot
+            if self._reclaim is not None and self._reclaim(False):
+                return self._free.pop()
             victim = self._policy.evict()
             if victim is None:
-                return None if self._reclaim is None else self._reclaim(True)
+                forced = self._reclaim is not None and self._reclaim(True)
+                return self._free.pop() if forced else None
             if not self._kept(victim):
                 return victim
 
