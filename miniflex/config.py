@@ -245,6 +245,13 @@ _SPECS: dict[str, _Spec] = {
         "0: the tuning cache's value, else the built-in default.",
         "0",
     ),
+    "staging_lane_bytes": _size(
+        "32MiB",
+        "The `staged` mover's GPU staging buffer: 4 lanes of this size (each at least one chunk "
+        "slot), allocated beside vLLM's KV cache. Each step of a store or load moves a lane's "
+        "worth of chunks; larger lanes mean fewer Python calls per chunk on the transfer "
+        "thread, which shares the interpreter with vLLM's.",
+    ),
     "tune_cache": _Spec(
         lambda k, v: _parse_path(k, v),
         None,
@@ -370,6 +377,7 @@ class MiniFlexConfig:
     max_inflight_chunks: int = field(default=_SPECS["max_inflight_chunks"].default)
     store: bool = field(default=_SPECS["store"].default)
     kernel_ctas: int = field(default=_SPECS["kernel_ctas"].default)
+    staging_lane_bytes: int = field(default=_SPECS["staging_lane_bytes"].default)
     tune_cache: str | None = field(default=_SPECS["tune_cache"].default)
     ssd_dirs: tuple[str, ...] = field(default=_SPECS["ssd_dirs"].default)
     ssd_bytes: int = field(default=_SPECS["ssd_bytes"].default)

@@ -126,6 +126,7 @@ class CostModel:
         self.prefill = prefill
         self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=WINDOW)
         self._prefill_steps = 0
+        self._prefill_totals = (0.0, 0.0)  # (tokens, seconds) of the steps that count as prefill
         self._since_fit = 0
         self.observed_steps = 0
 
@@ -134,6 +135,14 @@ class CostModel:
         return self.prefill is not None
 
     # ---- predictions ----
+    def chunk_recompute_seconds(self) -> float | None:
+        """What computing one chunk's tokens costs: the fit's per-token term, or before a fit
+        the mean seconds per token of the prefill steps seen (None: none seen yet)."""
+        if self.prefill is not None:
+            return self.prefill.per_token * self.chunk_tokens
+        tokens, seconds = self._prefill_totals
+        return seconds / tokens * self.chunk_tokens if tokens > 0 else None
+
     def chunk_load_seconds(self, tier: Tier) -> float:
         copy = self.chunk_bytes / self.bandwidth[Tier.CPU]
         return copy if tier is Tier.CPU else copy + self.chunk_bytes / self.bandwidth[tier]
@@ -218,7 +227,10 @@ class CostModel:
             return
         self.observed_steps += 1
         self._steps.append((1.0, float(tokens), float(pairs), seconds))
-        self._prefill_steps += tokens >= MIN_TOKENS
+        if tokens >= MIN_TOKENS:
+            self._prefill_steps += 1
+            t, sec = self._prefill_totals
+            self._prefill_totals = (t + tokens, sec + seconds)
         self._since_fit += 1
         if self._prefill_steps >= MIN_STEPS and (
             self.prefill is None or self._since_fit >= REFIT_EVERY

@@ -44,7 +44,9 @@ def _engines(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--configs",
         default="apc,native,miniflex-cpu,miniflex-ssd",
-        help="offline: side by side, one at a time: " + ", ".join(CONFIGS),
+        help="offline: side by side, one at a time: "
+        + ", ".join(CONFIGS)
+        + "; MiniFlex ones take settings after '+' (miniflex-cpu+store=false)",
     )
     g.add_argument(
         "--url",

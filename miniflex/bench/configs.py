@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,13 +193,43 @@ CONFIGS: dict[str, EngineConfig] = {
 
 
 def parse_configs(text: str) -> list[EngineConfig]:
-    """``"apc,miniflex-cpu"`` -> configurations in that order; an unknown name lists the valid."""
+    """``"apc,miniflex-cpu"`` -> configurations in that order; an unknown name lists the valid.
+
+    A MiniFlex configuration takes settings after ``+`` (``miniflex-cpu+store=false``): a
+    variant with those MiniFlex settings on top, named by the whole text, so that two
+    settings can be compared in one run.
+    """
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ConfigError("--configs", text, "one or more of " + ", ".join(CONFIGS))
-    for n in names:
-        if n not in CONFIGS:
-            raise ConfigError("--configs", n, "expected one of " + ", ".join(CONFIGS))
     if len(set(names)) != len(names):
         raise ConfigError("--configs", text, "each configuration at most once")
-    return [CONFIGS[n] for n in names]
+    return [_config(n) for n in names]
+
+
+def _config(text: str) -> EngineConfig:
+    name, *settings = text.split("+")
+    base = CONFIGS.get(name)
+    if base is None:
+        raise ConfigError("--configs", name, "expected one of " + ", ".join(CONFIGS))
+    if not settings:
+        return base
+    if base.connector is not Connector.MINIFLEX:
+        raise ConfigError("--configs", text, "settings after '+' apply to MiniFlex only")
+    extra: dict[str, str] = {}
+    for item in settings:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError("--configs", text, f"expected KEY=VALUE after '+', got {item!r}")
+        extra[key.strip()] = value.strip()
+    from miniflex.config import MiniFlexConfig
+
+    MiniFlexConfig.from_dict(extra, env={})  # unknown keys and bad values fail here
+
+    def build(t: TierSizes) -> dict[str, Any] | None:
+        kv = base.build(t)
+        assert kv is not None
+        return {**kv, "kv_connector_extra_config": {**kv["kv_connector_extra_config"], **extra}}
+
+    shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+    return dataclasses.replace(base, name=text, describe=f"{base.describe}, {shown}", build=build)

@@ -4,7 +4,9 @@ Every prompt is unique, so no configuration can hit; a connector only adds its
 lookups and its stores. Two measurements per configuration:
 
 * **batch**: ``batch_prompts`` requests sent at once (a closed batch); the
-  throughput is prompt plus output tokens over the makespan, best of ``rounds``;
+  throughput is prompt plus output tokens over the makespan, for each of ``rounds``
+  rounds. The loss is taken between medians: on the H200 one round moves by up to
+  5-10% between rounds of the same engine (the best round is reported too);
 * **serial**: ``serial_prompts`` requests one at a time; their mean TTFT.
 
 The summary gives each configuration's throughput loss and TTFT increase
@@ -13,6 +15,7 @@ against ``apc`` (the target for MiniFlex is at most 2%).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,6 +55,7 @@ class OverheadWorkload(Workload):
         driver.prefill(self.prompts(WARMUP_TOKENS, "warmup"), "warmup")
         driver.reset()
         best: tuple[float, float, list] = (0.0, 0.0, [])
+        rates: list[float] = []
         samples: list[dict[str, Any]] = []
         for r in range(self.rounds):
             batch = [
@@ -63,6 +67,7 @@ class OverheadWorkload(Workload):
             ss, makespan = driver.open_loop(batch)
             tok_s = sum(s.prompt_tokens + s.output_tokens for s in ss) / makespan
             log(f"{driver.name}: batch round {r + 1}: {tok_s:,.0f} tok/s over {makespan:.2f} s")
+            rates.append(tok_s)
             samples += [dict(s.as_dict(), round=r) for s in ss]
             if tok_s > best[0]:
                 best = (tok_s, makespan, ss)
@@ -77,6 +82,8 @@ class OverheadWorkload(Workload):
             "config": driver.name,
             "batch": self.batch_prompts,
             "tok_per_s": round(tok_s, 1),
+            "tok_per_s_median": round(statistics.median(rates), 1),
+            "rounds_tok_per_s": [round(x, 1) for x in rates],
             "makespan_s": round(makespan, 3),
             "batch_ttft_p50_ms": percentile([s.ttft_ms for s in ss], 50),
             "serial_ttft_mean_ms": mean(s.ttft_ms for s in serial),
@@ -95,12 +102,18 @@ class OverheadWorkload(Workload):
         for r in rows:
             if r is apc or not r["tok_per_s"] or not r["serial_ttft_mean_ms"]:
                 continue
-            loss = round(100 * (1 - r["tok_per_s"] / apc["tok_per_s"]), 2)
+            loss = round(100 * (1 - r["tok_per_s_median"] / apc["tok_per_s_median"]), 2)
+            best = round(100 * (1 - r["tok_per_s"] / apc["tok_per_s"]), 2)
             slower = round(100 * (r["serial_ttft_mean_ms"] / apc["serial_ttft_mean_ms"] - 1), 2)
             met = "met" if loss <= TARGET_PCT and slower <= TARGET_PCT else "NOT met"
-            out["vs_apc"][r["config"]] = {"throughput_loss_pct": loss, "ttft_increase_pct": slower}
+            out["vs_apc"][r["config"]] = {
+                "throughput_loss_pct": loss,
+                "best_round_loss_pct": best,
+                "ttft_increase_pct": slower,
+            }
             out["lines"].append(
-                f"{r['config']}: throughput {-loss:+.2f}%, serial TTFT {slower:+.2f}% vs APC "
+                f"{r['config']}: throughput {-loss:+.2f}% (median round; best rounds "
+                f"{-best:+.2f}%), serial TTFT {slower:+.2f}% vs APC "
                 f"(target: at most {TARGET_PCT}% worse; {met})"
             )
         return out
@@ -108,8 +121,8 @@ class OverheadWorkload(Workload):
     def draw(self, plt: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
         names = [r["config"] for r in rows]
-        ax1.bar(names, [r["tok_per_s"] for r in rows])
-        ax1.set_ylabel("tokens/s (batch)")
+        ax1.bar(names, [r["tok_per_s_median"] for r in rows])
+        ax1.set_ylabel("tokens/s (batch, median round)")
         ax2.bar(names, [r["serial_ttft_mean_ms"] or 0 for r in rows])
         ax2.set_ylabel("mean TTFT ms (serial)")
         for ax in (ax1, ax2):

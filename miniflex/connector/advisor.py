@@ -98,13 +98,16 @@ class HitAdvisor:
             1e3 * d.recompute_s,
         )
 
+    def chunk_recompute_seconds(self) -> float | None:
+        """What recomputing one chunk costs (see ``CostModel.chunk_recompute_seconds``)."""
+        return self.cost.chunk_recompute_seconds()
+
     def write_wait_budget(self) -> float:
         """How long a store may wait for a write-back to SSD rather than drop a chunk: what
-        recomputing one chunk costs (the prefill fit; WRITE_WAIT_S at least)."""
+        recomputing one chunk costs by the prefill fit; WRITE_WAIT_S at least."""
         prefill = self.cost.prefill
-        if prefill is None:
-            return WRITE_WAIT_S
-        return max(WRITE_WAIT_S, prefill.per_token * self.cost.chunk_tokens)
+        per_chunk = prefill.per_token * self.cost.chunk_tokens if prefill is not None else 0.0
+        return max(WRITE_WAIT_S, per_chunk)
 
     # ---- what each step computed ----
     def note_scheduled(self, step: int, st: ReqState, num_tokens: int, ctx: int) -> None:

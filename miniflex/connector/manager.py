@@ -127,6 +127,7 @@ class MiniFlexManager:
                 config, num_slots, chunk_bytes, -(-step_tokens // ns.chunk_tokens)
             ),
             wait_budget=self.advisor.write_wait_budget,
+            recompute_seconds=self.advisor.chunk_recompute_seconds,
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
@@ -220,8 +221,14 @@ class MiniFlexManager:
 
     def _wait_for_landing(self, st: ReqState, keys: list[ChunkKey], end: int) -> bool:
         """True: the chunk after the resident run (``keys[end]``) is landing on SSD and the
-        request has waited for it less than LANDING_WAIT_S."""
-        if self.ssd is None or end >= len(keys) or not self.tiers.landing(keys[end]):
+        request has waited for it less than LANDING_WAIT_S. Only where the disk keeps up
+        with recomputing: on a slower one, the chunks on SSD save little or nothing."""
+        if (
+            self.ssd is None
+            or end >= len(keys)
+            or not self.tiers.disk_keeps_up
+            or not self.tiers.landing(keys[end])
+        ):
             st.landing_since = None
             return False
         now = time.monotonic()

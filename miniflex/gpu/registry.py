@@ -93,7 +93,13 @@ def make_mover(
     if name == "staged":
         from miniflex.gpu.staged_mover import StagedMover
 
-        return StagedMover(layout, kv_caches, pool, ctas=config.kernel_ctas or None)
+        return StagedMover(
+            layout,
+            kv_caches,
+            pool,
+            ctas=config.kernel_ctas or None,
+            lane_bytes=config.staging_lane_bytes,
+        )
     from miniflex.gpu.dma_mover import DMAMover
 
     return DMAMover(layout, kv_caches, pool)

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from miniflex.index.hashindex import HashIndex
+from miniflex.index.hashindex import HashIndex, compile_kernels
 from miniflex.index.keys import array_to_keys, keys_to_array, split_key
 from miniflex.index.policy import POLICIES, EvictionPolicy, FIFOPolicy, LRUPolicy, make_policy
 
@@ -22,6 +22,7 @@ __all__ = [
     "HashIndex",
     "LRUPolicy",
     "array_to_keys",
+    "compile_kernels",
     "keys_to_array",
     "make_policy",
     "split_key",

@@ -16,15 +16,17 @@ It decides where every chunk goes and never touches bytes:
   store or promotion, the least recently used chunks are written until
   ``max_writeback`` slots are free or being written. At most ``max_writeback``
   chunks are written at once. Past that, making room takes the slot of the
-  oldest chunk being written if its write is predicted to be done within the
-  ``wait_budget`` (from the write speed seen so far; the worker still waits
-  for it before overwriting the slot, see the handler); otherwise the victim
-  is dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
-  the disk is slower than the chunks arrive, and a store never waits for it
-  longer than that. The manager's budget is the time recomputing one chunk
-  takes: waiting longer for the disk than that saves nothing. Only when every
-  other CPU slot is pinned does a store take the oldest write's slot whatever
-  the prediction: waiting then beats losing the chunk being stored. With
+  oldest chunk being written, sent or not (the worker waits for that write
+  before it overwrites the slot, see the handler), if the disk *keeps up* (it
+  writes a chunk faster than recomputing one takes, both as seen so far: then
+  every queued write costs less than the chunk it saves), or else if that write
+  is predicted to be done within the ``wait_budget``. Otherwise the victim is
+  dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
+  on a disk slower than recomputing, a store never waits for it longer than
+  that. When every other CPU slot is pinned the same rule decides between
+  waiting and losing the chunk being placed. A server meets that case whenever
+  a prompt of half the CPU tier follows another: the previous store is still in
+  flight, and the chunks evicted for room are not sent to the disk yet. With
   ``write_through`` every chunk stored on CPU is also queued for SSD (its CPU
   slot pinned until written).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
@@ -86,10 +88,12 @@ class TierStack:
         max_writeback: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait_budget: Callable[[], float] = lambda: WRITE_WAIT_S,
+        recompute_seconds: Callable[[], float | None] = lambda: None,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions;
-        ``wait_budget()``: seconds a store may wait for a write-back rather than drop one."""
+        ``wait_budget()``: seconds a store may wait for a write-back rather than drop one;
+        ``recompute_seconds()``: what recomputing one chunk costs (None: not known yet)."""
         self.cpu = SlotTier(
             Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote, reclaim=self._reclaim
         )
@@ -98,6 +102,7 @@ class TierStack:
         self.max_writeback = max(1, cpu_slots // 4 if max_writeback is None else max_writeback)
         self._clock = clock
         self._wait_budget = wait_budget
+        self._recompute_seconds = recompute_seconds
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
         self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
@@ -228,15 +233,19 @@ class TierStack:
 
     # ---- demotions ----
     def take_demotions(self) -> list[SlotCopy]:
-        """The CPU->SSD copies queued since the last call; send them before any other job.
+        """The CPU->SSD copies queued since the last call; send them before any other job,
+        as one job.
 
-        Write-backs among them are predicted to end one after the other (one disk queue)."""
+        The disk writes the jobs one after the other, and a worker knows a slot is written
+        when its whole job is (a job that overwrites the slot waits that long): every
+        write-back of the job is predicted to end when the last of its chunks does."""
         out, self._demotions = self._demotions, []
-        now = self._clock()
-        per_chunk = self.write_seconds or 0.0
+        if not out:
+            return out
+        start = max(self._disk_free_at, self._clock())
+        self._disk_free_at = start + (self.write_seconds or 0.0) * len(out)
         for c in out:
             if c in self._writing_back:
-                self._disk_free_at = max(self._disk_free_at, now) + per_chunk
                 self._writing_back[c] = self._disk_free_at
         return out
 
@@ -316,19 +325,37 @@ class TierStack:
         return True
 
     def _reclaim(self, force: bool) -> bool:
-        """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back,
-        if the backlog is full and that write is predicted to be done within the wait budget;
-        ``force``: nothing else is left to evict, so any write already sent will do."""
+        """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back
+        if the backlog is full (``force``: nothing else is left to evict, the chunk being
+        placed is lost otherwise) and waiting for that write is worth it (see
+        :meth:`_worth_waiting`). The write may not be sent yet: it goes out in the same plan,
+        ahead of the job that overwrites its slot."""
         if not self._writing_back or (len(self._writing_back) < self.max_writeback and not force):
             return False
         copy, done_at = next(iter(self._writing_back.items()))
-        if done_at is None or (not force and done_at > self._clock() + self._wait_budget()):
+        if not self._worth_waiting(done_at):
             return False
         if not self.cpu.release_kept(copy.cpu):
             return False
         del self._writing_back[copy]
         self._taken_early[copy.key] = copy
         return True
+
+    @property
+    def disk_keeps_up(self) -> bool:
+        """Whether the SSD writes a chunk faster than recomputing it takes (both as seen so
+        far; False while either is unknown). Then waiting for the disk never loses: however
+        many writes queue, each costs less than recomputing its chunk would."""
+        rc = self._recompute_seconds()
+        return self.write_seconds is not None and rc is not None and self.write_seconds <= rc
+
+    def _worth_waiting(self, done_at: float | None) -> bool:
+        """Whether a store should wait for the write predicted to end at ``done_at`` (None: not
+        sent yet) rather than lose a chunk: always when the disk keeps up, else only for a
+        write predicted to end within the wait budget."""
+        if self.disk_keeps_up:
+            return True
+        return done_at is not None and done_at <= self._clock() + self._wait_budget()
 
     def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
         assert self.ssd is not None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from miniflex.index import HashIndex, keys_to_array, make_policy
+from miniflex.index import HashIndex, compile_kernels, keys_to_array, make_policy
 from miniflex.types import ChunkKey, SlotId, Tier
 
 __all__ = ["SlotTier", "TierUsage"]
@@ -64,6 +64,7 @@ class SlotTier:
         self._on_evict = on_evict
         self._reclaim = reclaim
         self.num_slots = num_slots
+        compile_kernels()  # once per process: no serving step compiles one later
         self._index = HashIndex(max_entries=num_slots)
         self._policy = make_policy(policy, num_slots)
         self._free: list[SlotId] = [SlotId(s) for s in range(num_slots - 1, -1, -1)]

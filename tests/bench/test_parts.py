@@ -33,6 +33,29 @@ def test_unknown_configuration_lists_the_valid_ones() -> None:
     assert [c.name for c in parse_configs("miniflex-cpu, apc")] == ["miniflex-cpu", "apc"]
 
 
+def test_a_miniflex_configuration_takes_settings_after_a_plus() -> None:
+    apc, variant = parse_configs("apc,miniflex-cpu+store=false+staging_lane_bytes=8MiB")
+    assert apc is CONFIGS["apc"]
+    assert variant.name == "miniflex-cpu+store=false+staging_lane_bytes=8MiB"
+    cfg = variant.kv_transfer(TIERS)
+    assert cfg is not None and cfg["kv_connector_extra_config"] == {
+        "cpu_bytes": 1 << 30,
+        "store": "false",
+        "staging_lane_bytes": "8MiB",
+    }
+    assert CONFIGS["miniflex-cpu"].kv_transfer(TIERS)["kv_connector_extra_config"] == {
+        "cpu_bytes": 1 << 30
+    }
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_configs("miniflex-cpu+stor=false")
+    with pytest.raises(ConfigError, match="expected true or false"):
+        parse_configs("miniflex-cpu+store=maybe")
+    with pytest.raises(ConfigError, match="MiniFlex only"):
+        parse_configs("apc+store=false")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_configs("miniflex-cpu+store")
+
+
 def test_load_mode_configurations_differ_from_miniflex_cpu_only_in_load_mode() -> None:
     base = CONFIGS["miniflex-cpu"].kv_transfer(TIERS)
     assert base is not None

@@ -73,6 +73,16 @@ def test_prefill_fit_recovers_the_engine_coefficients() -> None:
     assert m.prefill.per_pair == pytest.approx(truth.per_pair, rel=0.1)
 
 
+def test_a_chunk_recompute_estimate_exists_from_the_first_prefill_step() -> None:
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS)
+    m.observe_step(4, 4 * 1000.0, 0.01)  # decode steps say nothing about prefill
+    assert m.chunk_recompute_seconds() is None
+    m.observe_step(2048, 2048 * 1024.0, 1.024)  # 0.5 ms a token
+    assert m.chunk_recompute_seconds() == pytest.approx(0.5e-3 * CHUNK_TOKENS)
+    m.prefill = PrefillFit(0.002, 30e-6, 2e-10)  # once fitted: the fit's per-token term
+    assert m.chunk_recompute_seconds() == pytest.approx(30e-6 * CHUNK_TOKENS)
+
+
 def test_decode_only_steps_do_not_calibrate() -> None:
     m = CostModel(CHUNK_BYTES, CHUNK_TOKENS)
     for _ in range(100):

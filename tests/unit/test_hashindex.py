@@ -392,3 +392,24 @@ def test_keys_to_array_accepts_numpy_integers_and_rejects_non_integers() -> None
         keys_to_array([1.0])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="shape"):
         array_to_keys(np.zeros(4, dtype=np.uint64))
+
+
+def test_compile_kernels_compiles_every_kernel_the_index_calls() -> None:
+    # In a fresh process, so that no other test has compiled a kernel already.
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).parents[2] / "miniflex" / "index" / "hashindex.py"
+    called = sorted(set(re.findall(r"self\._k\.([a-z_]+)\(", source.read_text())))
+    assert {"insert", "delete", "lookup", "find", "rehash_into", "prefix_match"} <= set(called)
+    probe = (
+        "from miniflex.index import _kernels as k, compile_kernels\n"
+        "compile_kernels()\n"
+        f"print([n for n in {called!r} if not getattr(k, n).signatures])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
