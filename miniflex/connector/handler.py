@@ -2,16 +2,19 @@
 
 It runs in each vLLM worker process and owns the bytes: the CPU pool, a
 mover bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD store.
-GPU jobs run on one transfer thread in plan order, so a load never overtakes a
-store of the same slot. Writes to SSD (demotions, and clearing the store) run
-on a second thread, in plan order too, so a slow disk never holds up GPU
-copies:
+GPU jobs run on one transfer thread in plan order. SSD work (demotions, a
+load's promotions, clearing the store) runs on a second thread, in plan order
+too, so a slow disk never holds up GPU copies:
 
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
   queued, before the jobs of the same plan; a store or promotion into that
-  slot waits for it (only then may the slot be overwritten);
+  slot is queued for the transfer thread only once it is written (only then
+  may the slot be overwritten), so the jobs queued after it never wait for the
+  disk: no other job reads or writes a slot being stored or promoted into;
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
-  requests that wait for them, which no forward touches;
+  requests that wait for them, which no forward touches. A load with
+  promotions reads them on the SSD thread first (after the writes queued before
+  it, those of its own slots included), then queues its GPU copies;
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
   ``start_load_kv``, before the forward that reads them, and finished once that
   forward is issued (``step_loads.py``); they read only CPU slots whose chunk
@@ -55,7 +58,8 @@ __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
 
-_Item = tuple[TransferJob, object, "Future[JobResult]"]
+_Promoted = tuple[set[ChunkKey], float]  # a load's SSD reads: keys that failed, seconds
+_Item = tuple[TransferJob, object, "Future[JobResult]", _Promoted | None]
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -71,8 +75,8 @@ class MiniFlexHandler:
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None
-        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies (and promotions)
-        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes
+        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies
+        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes and reads
         self._threads: list[threading.Thread] = []
         self._demoting: dict[SlotId, Future[JobResult]] = {}  # CPU slot -> its demotion
         self._lock = threading.Lock()
@@ -166,9 +170,34 @@ class MiniFlexHandler:
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 with self._lock:
                     self._demoting.update((c.cpu, fut) for c in job.ssd)
-                self._ssd_queue.put((job, fence, fut))
+                self._ssd_queue.put((job, fence, fut, None))
+            elif job.ssd:  # promotions: read after the writes queued before them, then copy
+                self._ssd_queue.put((job, fence, fut, None))
             else:
-                self._queue.put((job, fence, fut))
+                self._queue_after_demotions((job, fence, fut, None))
+
+    def _queue_after_demotions(self, item: _Item) -> None:
+        """Queue a GPU job for the transfer thread once the CPU slots it overwrites (a
+        store's) are written to SSD (at once if none is being written)."""
+        job = item[0]
+        slots = {c.slot for c in job.chunks} if job.kind is JobKind.STORE else set()
+        with self._lock:
+            waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
+        if not waits:
+            self._queue.put(item)
+            return
+        left = [len(waits)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[JobResult]) -> None:  # on the SSD thread, or here if done
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._queue.put(item)
+
+        for f in waits:
+            f.add_done_callback(one_done)
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` runs: order it after this step's loads."""
@@ -221,23 +250,37 @@ class MiniFlexHandler:
 
     def _run(self, jobs: queue.Queue[_Item | None]) -> None:
         while (item := jobs.get()) is not None:
-            job, fence, fut = item
-            fut.set_result(self._execute(job, fence))
+            job, fence, fut, promoted = item
+            if job.kind is JobKind.LOAD and job.ssd and promoted is None:
+                self._promote(item)  # on the SSD thread
+            else:
+                fut.set_result(self._execute(job, fence, promoted))
 
-    def _await_demotions(self, slots: set[SlotId]) -> None:
-        """Wait until the CPU slots about to be overwritten have been written to SSD."""
-        with self._lock:
-            waits = [f for s, f in self._demoting.items() if s in slots]
-        for fut in waits:
-            fut.result()
+    def _promote(self, item: _Item) -> None:
+        """A load's SSD reads into its CPU slots; then its GPU copies go to the transfer
+        thread, so that a slow read never holds up the copies of other jobs."""
+        job, fence, fut, _ = item
+        t0 = time.perf_counter()
+        try:
+            promoted = self._copier().promote(job.ssd)
+        except Exception as exc:  # the worker boundary: report, never crash vLLM
+            fut.set_result(self._failed(job, exc, t0))
+            return
+        self._queue.put((job, fence, fut, promoted))
 
-    def _execute(self, job: TransferJob, fence: object) -> JobResult:
+    def _failed(self, job: TransferJob, exc: Exception, t0: float) -> JobResult:
+        logger.error(
+            "MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc
+        )
+        failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
+        io = self._ssd.backend if self._ssd is not None and job.ssd else ""
+        return JobResult(
+            job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
+        )
+
+    def _execute(self, job: TransferJob, fence: object, promoted: _Promoted | None) -> JobResult:
+        """Run a job; a load's SSD reads were done before (``promoted``, see _promote)."""
         assert self._mover is not None
-        # Slots this job overwrites must first reach SSD; that wait is not transfer time.
-        if job.kind is JobKind.STORE:
-            self._await_demotions({c.slot for c in job.chunks})
-        elif job.kind is JobKind.LOAD and job.ssd:
-            self._await_demotions({c.cpu for c in job.ssd})
         t0 = time.perf_counter()
         io = self._ssd.backend if self._ssd is not None and job.ssd else ""
         ssd_seconds = 0.0
@@ -247,9 +290,9 @@ class MiniFlexHandler:
             moved = 0
             if job.kind is JobKind.LOAD:
                 chunks = job.chunks
-                if job.ssd:
-                    failed_keys, ssd_seconds = self._copier().promote(job.ssd)
-                    t0 = time.perf_counter() - ssd_seconds  # not the wait for the store
+                if promoted is not None:
+                    failed_keys, ssd_seconds = promoted
+                    t0 -= ssd_seconds  # the read, not the waits before or after it
                     bad = {c.cpu for c in job.ssd if c.key in failed_keys}
                     chunks = tuple(c for c in chunks if c.slot not in bad)
                     failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
@@ -262,13 +305,7 @@ class MiniFlexHandler:
             elif job.kind is JobKind.CLEAR and self._ssd is not None:
                 self._ssd.clear()
         except Exception as exc:  # the worker boundary: report, never crash vLLM
-            logger.error(
-                "MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc
-            )
-            failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
-            return JobResult(
-                job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
-            )
+            return self._failed(job, exc, t0)
         return JobResult(
             job.job_id,
             job.req_id,
