@@ -297,8 +297,11 @@ _SPECS: dict[str, _Spec] = {
         _parse_auto_size,
         None,
         "Write-back: at most this much KV is being written from the CPU tier to SSD at once "
-        "(it stays readable in CPU meanwhile); a chunk evicted past that is dropped, counted in "
-        "`demotions_skipped`, so that a slow disk never holds up stores. Writes start ahead of "
+        "(it stays readable in CPU meanwhile). Past that, a store takes the slot of the oldest "
+        "write and waits for it if the disk writes a chunk faster than recomputing one takes "
+        "(or that write ends within one chunk's recompute); otherwise the evicted chunk is "
+        "dropped, counted in `demotions_skipped`, so that a slow disk never holds up stores. "
+        "Writes start ahead of "
         "need, from the least recently used chunks, so that this much of the CPU tier is free "
         "or being written. `auto`: the KV of one engine step (`max_num_batched_tokens`), "
         "within 1/8 to 1/2 of the CPU tier.",
