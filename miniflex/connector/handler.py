@@ -2,19 +2,21 @@
 
 It runs in each vLLM worker process and owns the bytes: the CPU pool, a
 mover bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD store.
-GPU jobs run on one transfer thread in plan order. SSD work (demotions, a
-load's promotions, clearing the store) runs on a second thread, in plan order
-too, so a slow disk never holds up GPU copies:
+GPU jobs run on one transfer thread in plan order. Writes to SSD (demotions,
+clearing the store) run on a second thread, in plan order too, and a load's
+promotions (SSD reads) on a third, so a slow disk never holds up GPU copies:
 
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
   queued, before the jobs of the same plan; a store or promotion into that
-  slot is queued for the transfer thread only once it is written (only then
-  may the slot be overwritten), so the jobs queued after it never wait for the
-  disk: no other job reads or writes a slot being stored or promoted into;
+  slot is queued (for the transfer or the read thread) only once it is written
+  (only then may the slot be overwritten), so the jobs queued after it never
+  wait for the disk: no other job reads or writes a slot being stored or
+  promoted into;
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
-  promotions reads them on the SSD thread first (after the writes queued before
-  it, those of its own slots included), then queues its GPU copies;
+  promotions reads them on the read thread first (once its slots are written
+  back, like a store), then queues its GPU copies. The store serializes a read
+  with the write job in progress, not with those queued behind it;
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
   ``start_load_kv``, before the forward that reads them, and finished once that
   forward is issued (``step_loads.py``); they read only CPU slots whose chunk
@@ -76,7 +78,8 @@ class MiniFlexHandler:
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None
         self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies
-        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes and reads
+        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes
+        self._read_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD reads (promotions)
         self._threads: list[threading.Thread] = []
         self._demoting: dict[SlotId, Future[JobResult]] = {}  # CPU slot -> its demotion
         self._lock = threading.Lock()
@@ -114,7 +117,11 @@ class MiniFlexHandler:
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._probe = probe_loads(self._mover, self.layout, num_slots)
-        for name, q in (("miniflex-transfer", self._queue), ("miniflex-ssd", self._ssd_queue)):
+        for name, q in (
+            ("miniflex-transfer", self._queue),
+            ("miniflex-ssd", self._ssd_queue),
+            ("miniflex-ssd-read", self._read_queue),
+        ):
             thread = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -171,20 +178,22 @@ class MiniFlexHandler:
                 with self._lock:
                     self._demoting.update((c.cpu, fut) for c in job.ssd)
                 self._ssd_queue.put((job, fence, fut, None))
-            elif job.ssd:  # promotions: read after the writes queued before them, then copy
-                self._ssd_queue.put((job, fence, fut, None))
+            elif job.ssd:  # promotions: read into slots once written back, then copy
+                self._queue_after_writes((job, fence, fut, None), {c.cpu for c in job.ssd})
+            elif job.kind is JobKind.STORE:
+                self._queue_after_writes((job, fence, fut, None), {c.slot for c in job.chunks})
             else:
-                self._queue_after_demotions((job, fence, fut, None))
+                self._queue.put((job, fence, fut, None))
 
-    def _queue_after_demotions(self, item: _Item) -> None:
-        """Queue a GPU job for the transfer thread once the CPU slots it overwrites (a
-        store's) are written to SSD (at once if none is being written)."""
-        job = item[0]
-        slots = {c.slot for c in job.chunks} if job.kind is JobKind.STORE else set()
+    def _queue_after_writes(self, item: _Item, slots: set[SlotId]) -> None:
+        """Queue a job that overwrites CPU ``slots`` (a store, or a load's promotions) once
+        they are written to SSD (at once if none is being written): promotions for the read
+        thread, stores for the transfer thread."""
+        target = self._read_queue if item[0].ssd else self._queue
         with self._lock:
             waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
         if not waits:
-            self._queue.put(item)
+            target.put(item)
             return
         left = [len(waits)]
         lock = threading.Lock()
@@ -194,7 +203,7 @@ class MiniFlexHandler:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                self._queue.put(item)
+                target.put(item)
 
         for f in waits:
             f.add_done_callback(one_done)
@@ -252,13 +261,13 @@ class MiniFlexHandler:
         while (item := jobs.get()) is not None:
             job, fence, fut, promoted = item
             if job.kind is JobKind.LOAD and job.ssd and promoted is None:
-                self._promote(item)  # on the SSD thread
+                self._promote(item)  # on the read thread
             else:
                 fut.set_result(self._execute(job, fence, promoted))
 
     def _promote(self, item: _Item) -> None:
-        """A load's SSD reads into its CPU slots; then its GPU copies go to the transfer
-        thread, so that a slow read never holds up the copies of other jobs."""
+        """A load's SSD reads into its CPU slots (on the read thread); then its GPU copies go
+        to the transfer thread, so that a slow read never holds up the copies of other jobs."""
         job, fence, fut, _ = item
         t0 = time.perf_counter()
         try:
@@ -366,6 +375,7 @@ class MiniFlexHandler:
             self.drain()
             self._queue.put(None)
             self._ssd_queue.put(None)
+            self._read_queue.put(None)
             for thread in self._threads:
                 thread.join(timeout=30)
             self._threads = []

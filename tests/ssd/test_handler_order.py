@@ -130,3 +130,36 @@ def test_a_slow_ssd_read_does_not_hold_up_the_gpu_copies_queued_after_it(
     results = {r.job_id: r for r in h.take_results()}
     assert results[JobId(2)].ok and not results[JobId(2)].failed_keys
     assert results[JobId(3)].ok
+
+
+def test_an_ssd_read_does_not_queue_behind_a_write_back_of_other_slots(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = handler
+    key = ChunkKey(13)
+    run_plan(h, 1, job(0, "a", JobKind.STORE, chunks=(ChunkMove(SlotId(0), (BlockId(0),)),)))
+    h.drain()
+    run_plan(h, 2, job(1, NO_REQUEST, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(key, 0, 0),)))
+    h.drain()  # chunk `key` is on SSD
+
+    gate = threading.Event()  # the disk is busy with a write-back of slot 3 until released
+    real_demote = SSDCopier.demote
+
+    def slow_demote(self: SSDCopier, copies: tuple[SlotCopy, ...]) -> set[ChunkKey]:
+        assert gate.wait(10), "the test never opened the gate"
+        return real_demote(self, copies)
+
+    monkeypatch.setattr(SSDCopier, "demote", slow_demote)
+    other = job(2, NO_REQUEST, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(ChunkKey(14), 3, 1),))
+    promoted = job(
+        3,
+        "b",
+        JobKind.LOAD,
+        chunks=(ChunkMove(SlotId(2), (BlockId(6),)),),
+        ssd=(SlotCopy(key, 2, 0),),
+    )
+    run_plan(h, 3, other, promoted)
+    wait_until(lambda: h.in_flight(ReqId("b")) == 0, "the promotion")
+    assert h.in_flight(NO_REQUEST) == 1  # the write-back of slot 3 is still going
+    gate.set()
+    h.drain()
