@@ -38,6 +38,19 @@ def run_plan(h: MiniFlexHandler, step: int, *jobs: TransferJob) -> None:
     h.submit(plan, JobKind.STORE)
 
 
+def gated(monkeypatch: pytest.MonkeyPatch, method: str) -> threading.Event:
+    """Hold every call of ``SSDCopier.<method>`` (the disk) until the returned event is set."""
+    gate = threading.Event()
+    real = getattr(SSDCopier, method)
+
+    def slow(self: SSDCopier, copies: tuple[SlotCopy, ...]) -> object:
+        assert gate.wait(10), "the test never opened the gate"
+        return real(self, copies)
+
+    monkeypatch.setattr(SSDCopier, method, slow)
+    return gate
+
+
 @pytest.fixture
 def handler(direct_dir: Path) -> MiniFlexHandler:
     config = MiniFlexConfig(mover="cpu", ssd_dirs=(str(direct_dir),), ssd_bytes=1 << 20)
@@ -63,14 +76,7 @@ def test_a_store_waiting_for_its_slots_write_back_does_not_hold_up_later_jobs(
     h.drain()
     old_slot0 = slot_bytes(h, 0)
 
-    gate = threading.Event()  # the disk: its write of slot 0 ends when the test says so
-    real_demote = SSDCopier.demote
-
-    def slow_demote(self: SSDCopier, copies: tuple[SlotCopy, ...]) -> set[ChunkKey]:
-        assert gate.wait(10), "the test never opened the gate"
-        return real_demote(self, copies)
-
-    monkeypatch.setattr(SSDCopier, "demote", slow_demote)
+    gate = gated(monkeypatch, "demote")  # the disk: its write of slot 0 ends when told
     demote = job(1, NO_REQUEST, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(ChunkKey(7), 0, 0),))
     overwrite = job(2, "b", JobKind.STORE, chunks=(ChunkMove(SlotId(0), (BlockId(2),)),))
     load = job(3, "c", JobKind.LOAD, chunks=(ChunkMove(SlotId(1), (BlockId(5),)),))
@@ -102,14 +108,7 @@ def test_a_slow_ssd_read_does_not_hold_up_the_gpu_copies_queued_after_it(
     h.drain()  # block 0's bytes are on SSD now, as chunk `key`
     on_ssd = slot_bytes(h, 0)
 
-    gate = threading.Event()  # the disk: the read of `key` ends when the test says so
-    real_promote = SSDCopier.promote
-
-    def slow_promote(self: SSDCopier, copies: tuple[SlotCopy, ...]) -> tuple[set[ChunkKey], float]:
-        assert gate.wait(10), "the test never opened the gate"
-        return real_promote(self, copies)
-
-    monkeypatch.setattr(SSDCopier, "promote", slow_promote)
+    gate = gated(monkeypatch, "promote")  # the disk: the read of `key` ends when told
     promoted = job(
         2,
         "b",
@@ -142,14 +141,7 @@ def test_an_ssd_read_does_not_queue_behind_a_write_back_of_other_slots(
     run_plan(h, 2, job(1, NO_REQUEST, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(key, 0, 0),)))
     h.drain()  # chunk `key` is on SSD
 
-    gate = threading.Event()  # the disk is busy with a write-back of slot 3 until released
-    real_demote = SSDCopier.demote
-
-    def slow_demote(self: SSDCopier, copies: tuple[SlotCopy, ...]) -> set[ChunkKey]:
-        assert gate.wait(10), "the test never opened the gate"
-        return real_demote(self, copies)
-
-    monkeypatch.setattr(SSDCopier, "demote", slow_demote)
+    gate = gated(monkeypatch, "demote")  # the disk is busy writing slot 3 back until told
     other = job(2, NO_REQUEST, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(ChunkKey(14), 3, 1),))
     promoted = job(
         3,
