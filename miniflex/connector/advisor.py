@@ -105,9 +105,8 @@ class HitAdvisor:
     def write_wait_budget(self) -> float:
         """How long a store may wait for a write-back to SSD rather than drop a chunk: what
         recomputing one chunk costs by the prefill fit; WRITE_WAIT_S at least."""
-        prefill = self.cost.prefill
-        per_chunk = prefill.per_token * self.cost.chunk_tokens if prefill is not None else 0.0
-        return max(WRITE_WAIT_S, per_chunk)
+        fitted = self.cost.chunk_recompute_seconds() if self.cost.calibrated else None
+        return max(WRITE_WAIT_S, fitted or 0.0)
 
     # ---- what each step computed ----
     def note_scheduled(self, step: int, st: ReqState, num_tokens: int, ctx: int) -> None:

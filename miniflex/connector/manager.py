@@ -226,8 +226,8 @@ class MiniFlexManager:
         if (
             self.ssd is None
             or end >= len(keys)
+            or not self.tiers.landing(keys[end])  # a dict lookup: first, on every lookup
             or not self.tiers.disk_keeps_up
-            or not self.tiers.landing(keys[end])
         ):
             st.landing_since = None
             return False
