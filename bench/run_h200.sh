@@ -5,7 +5,8 @@
 # config in bench/models/qwen3-8b-shape with dummy weights; vLLM's KV cache is limited with
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
-#   bash bench/run_h200.sh PART OUT_DIR   PART: ttft | overflow | mixed | multiturn | ssd | all
+#   bash bench/run_h200.sh PART OUT_DIR
+#   PART: ttft | overflow | mixed | overhead | multiturn | ssd | all
 #
 # Each PART is one `miniflex bench` run that starts each configuration once (about 45-60 s
 # each, eager mode) and stays within about 9 minutes; `all` runs every part in a row.
@@ -13,16 +14,17 @@
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
 # limit (LIMIT_S, default 500 s) still prints and writes what it measured, marked partial.
 # multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
-# MiniFlex's CPU tier with load_mode sync, layerwise and async). ssd serves 8k and 30k prompts
+# MiniFlex's CPU tier with load_mode sync, layerwise and async). overhead runs OH_CONFIGS
+# (default APC alone, MiniFlex's CPU tier and the native connector). ssd serves 8k and 30k prompts
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
 # with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft-ssd-resident-h200.json.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, EXTRA_ARGS (more
 # `miniflex bench` arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|multiturn|ssd|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|overhead|multiturn|ssd|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|overflow|mixed|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|overflow|mixed|overhead|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -30,6 +32,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async}"
+OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native}"
 SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
 LIMIT_S="${LIMIT_S:-500}"
 
@@ -71,12 +74,14 @@ case "$PART" in
   overflow)  # 1024 blocks = 16,384 tokens; 4k-token prompts: 2 to 12 of them
     run_part overflow overflow --gpu-blocks 1024 --overflow-prompt-tokens 4096 \
       --overflow-ratios 0.5,1,1.5,2,3 ;;
-  mixed)  # 4 shared 8k prefixes = 2x the 16k-token KV cache; then the no-reuse overhead run
-    run_part mixed mixed,overhead --gpu-blocks 1024 --mixed-prefixes 4 \
+  mixed)  # 4 shared 8k prefixes = 2x the 16k-token KV cache
+    run_part mixed mixed --gpu-blocks 1024 --mixed-prefixes 4 \
       --mixed-prefix-tokens 8192 --mixed-suffix-tokens 128 --mixed-short-tokens 256 \
-      --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 80 --mixed-max-tokens 8 \
+      --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 80 --mixed-max-tokens 8 ;;
+  overhead)  # no reuse; 6000 blocks hold the whole batch, so no round waits for KV space
+    CONFIGS="$OH_CONFIGS" run_part overhead overhead --gpu-blocks 6000 \
       --overhead-prompts 32 --overhead-prompt-tokens 2048 --overhead-max-tokens 16 \
-      --overhead-serial 8 --overhead-rounds 2 ;;
+      --overhead-serial 8 --overhead-rounds 10 ;;
   multiturn)  # 1600 blocks = 25,600 tokens: the 24k-token second turn fits, the history is
     # evicted between the turns; MiniFlex loads 20k tokens (2.9 GB) while 4k new ones compute
     CONFIGS="$MT_CONFIGS" run_part multiturn multiturn --gpu-blocks 1600 \
@@ -88,7 +93,7 @@ case "$PART" in
       --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft-ssd-resident-h200.json" ;;
   all)
     status=0
-    for p in ttft overflow mixed multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    for p in ttft overflow mixed overhead multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
     exit "$status" ;;
   *)
     echo "$USAGE" >&2

@@ -240,9 +240,10 @@ _SPECS: dict[str, _Spec] = {
     "kernel_ctas": _Spec(
         lambda k, v: _parse_int(k, v, 0, 4096),
         0,
-        "Thread blocks (CTAs) the `kernel` mover launches (the `staged` mover: its on-GPU "
-        "gather/scatter); few leave the SMs to vLLM's compute. "
-        "0: the tuning cache's value, else the built-in default.",
+        "Thread blocks (CTAs) of every launch of the copy kernel (`kernel` and `staged` "
+        "movers); few leave the SMs to vLLM's compute. 0: the tuning cache's value, else the "
+        "built-in defaults (2; 8 for the `staged` gather/scatter; 2-8 by size for a load issued "
+        "layer by layer).",
         "0",
     ),
     "staging_lane_bytes": _size(

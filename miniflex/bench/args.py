@@ -113,7 +113,7 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--overhead-prompt-tokens", type=int, default=2048)
     w.add_argument("--overhead-max-tokens", type=int, default=16)
     w.add_argument("--overhead-serial", type=int, default=8, help="unique prompts one at a time")
-    w.add_argument("--overhead-rounds", type=int, default=2, help="batch rounds (best counts)")
+    w.add_argument("--overhead-rounds", type=int, default=2, help="batch rounds (median compared)")
     w.add_argument("--multiturn-prefix-tokens", type=int, default=20000, help="the history")
     w.add_argument("--multiturn-new-tokens", type=int, default=4096, help="the next turn's")
     w.add_argument("--multiturn-repeat", type=int, default=1, help="conversations (median)")

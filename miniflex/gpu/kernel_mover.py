@@ -4,7 +4,9 @@ The pool is pinned and mapped, so the kernel (``copy_pages.cu``) reads and
 writes host memory over PCIe directly: no staging buffer, no copy engine,
 and one launch for all chunks of all layers. It runs on few CTAs
 (``DEFAULT_CTAS`` unless configured or tuned) so that vLLM's compute keeps
-most SMs; a handful of CTAs with 16-byte accesses already fill PCIe.
+most SMs; a handful of CTAs with 16-byte accesses already fill PCIe. A
+layerwise load, which the step's attention layers wait for, gets more
+(:func:`layerwise_ctas`).
 
 CuPy is imported when a mover is built, never at module import.
 """
@@ -26,7 +28,16 @@ from miniflex.gpu.pages import vector_width
 from miniflex.layout import KVLayout
 from miniflex.pool import HostPool
 
-__all__ = ["DEFAULT_CTAS", "THREADS", "UNROLL", "KernelMover", "compiled_kernel"]
+__all__ = [
+    "DEFAULT_CTAS",
+    "LAYERWISE_CTAS",
+    "PAGES_PER_CTA",
+    "THREADS",
+    "UNROLL",
+    "KernelMover",
+    "compiled_kernel",
+    "layerwise_ctas",
+]
 
 DEFAULT_CTAS = 2
 """CTAs per launch when neither ``kernel_ctas`` nor the tuning cache says otherwise.
@@ -36,6 +47,13 @@ limit) while a bf16 matmul running beside them is not measurably slower; with
 4 it slowed by 4-14%, with 16 by about 50% (docs/gpu.md). With 4, a batch of
 long prompts with no reuse ran 15% below vLLM alone, every chunk being stored.
 """
+
+LAYERWISE_CTAS = 8
+"""Most CTAs of a layerwise load's launches when neither ``kernel_ctas`` nor the tuning
+cache says otherwise (see :func:`layerwise_ctas`)."""
+
+PAGES_PER_CTA = 32
+"""A layerwise load gets one CTA per this many pages of each layer (within the bounds)."""
 
 THREADS = 512
 UNROLL = 8  # 512 threads x 8 x 16 B: a 64 KiB page in flight per CTA
@@ -53,6 +71,19 @@ def compiled_kernel(vec: int, unroll: int, device_index: int) -> Any:
     )
     with cupy.cuda.Device(device_index):
         return module.get_function("miniflex_copy_pages")
+
+
+def layerwise_ctas(pages_per_layer: int) -> int:
+    """CTAs for one layer's launch of a layerwise load moving ``pages_per_layer`` pages.
+
+    Every attention layer of the step waits for its layer of the load, so the
+    load is the step's critical path and more CTAs pay off, as long as each has
+    work: on an H200 (``gpu_copy_layerwise_h200.json`` in ``bench/results``) 8 CTAs moved a
+    16k-token load layer by layer at 0.90 of PCIe and 2 CTAs at 0.77, while a
+    single 64-token chunk moved faster with 2. Hence one CTA per
+    ``PAGES_PER_CTA`` pages, between ``DEFAULT_CTAS`` and ``LAYERWISE_CTAS``.
+    """
+    return max(DEFAULT_CTAS, min(LAYERWISE_CTAS, pages_per_layer // PAGES_PER_CTA))
 
 
 def _cupy_view(cupy: Any, stream: torch.cuda.Stream, device_index: int) -> Any:
@@ -90,6 +121,7 @@ class KernelMover(CudaMover):
         if ctas is not None and ctas < 1:
             raise TransferError(f"the kernel mover needs at least one CTA, got {ctas}")
         self.ctas = ctas or DEFAULT_CTAS
+        self._fixed_ctas = ctas is not None  # configured or tuned: every launch uses it
         self._kernel = compiled_kernel(self.vec, UNROLL, self.device_index)
         self._cupy_streams: dict[int, Any] = {}
         self._layers = torch.tensor(self.layer_ptrs, dtype=torch.int64, device=self.device)
@@ -129,11 +161,11 @@ class KernelMover(CudaMover):
 
     def _load_by_layer(self, blocks: np.ndarray, rows: np.ndarray) -> Iterator[int]:
         table = self._fresh_table(blocks, rows)  # one upload serves every layer
+        ctas = self.ctas if self._fixed_ctas else layerwise_ctas(len(blocks))
         for layer in range(self.layout.geometry.num_layers):
             self._launch(
-                table.data_ptr(), len(blocks), False, range(layer, layer + 1), self.pool_ptr,
-                self.ctas,
-            )  # fmt: skip
+                table.data_ptr(), len(blocks), False, range(layer, layer + 1), self.pool_ptr, ctas
+            )
             yield layer
 
     def _launch(

@@ -66,9 +66,11 @@ class StagedMover(KernelMover):
         lanes: int = LANES,
         lane_bytes: int = LANE_BYTES,
     ) -> None:
-        super().__init__(layout, kv_caches, pool, vec=vec)  # direct path: the kernel's default
         if ctas is not None and ctas < 1:
             raise TransferError(f"the staged mover needs at least one CTA, got {ctas}")
+        # ``ctas`` (config kernel_ctas) sets the direct path's CTAs too; None: the kernel
+        # mover's defaults (few for stores, more for a large layerwise load).
+        super().__init__(layout, kv_caches, pool, ctas=ctas, vec=vec)
         self.staged_ctas = ctas or STAGED_CTAS
         if lanes < 2:
             raise TransferError(f"the staged mover needs at least 2 lanes, got {lanes}")

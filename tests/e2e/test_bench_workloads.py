@@ -128,11 +128,15 @@ def test_overhead_compares_unique_prompts_with_apc(run) -> None:
     assert set(payload["summary"]["vs_apc"]) == {"miniflex-cpu", "miniflex-ssd"}
 
 
-@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed", "ssd"])
+@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed", "overhead", "ssd"])
 def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
     """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
     plan = h200_dry_run(part, tmp_path)
     assert plan["llm_args"]["load_format"] == "dummy"
+    if part == "overhead":  # a KV cache that holds the whole batch: no round waits for it
+        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native"}
+        assert plan["llm_args"]["kv_cache_memory_bytes"] == 6000 * 16 * 147456  # 6000 blocks
+        return
     if part != "ssd":
         assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
         return

@@ -8,10 +8,19 @@ import threading
 import pytest
 import torch
 
-from miniflex.gpu.synthetic import random_chunks
+from miniflex.gpu.synthetic import random_chunks, synthetic_caches
 from miniflex.plan import ChunkMove
 from miniflex.types import BlockId, SlotId
-from tests.gpu.conftest import BLOCKS, BPC, MOVERS, caches, layout_of, make_mover, page
+from tests.gpu.conftest import (
+    BLOCKS,
+    BPC,
+    MOVERS,
+    caches,
+    geometry,
+    layout_of,
+    make_mover,
+    page,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -113,3 +122,37 @@ def test_layerwise_loads_beside_transfer_thread_copies(pools, name, kw) -> None:
         for b in range(32):
             assert torch.equal(page(o, b), page(d, b))
             assert torch.equal(page(s, b), page(d, b + 32))
+
+
+@pytest.mark.parametrize("name", ["kernel", "staged"])
+def test_a_large_layerwise_load_runs_on_more_ctas_and_is_exact(pools, name) -> None:
+    """256 pages a layer: the default kernel launches ``LAYERWISE_CTAS`` per layer."""
+    from miniflex.gpu.kernel_mover import LAYERWISE_CTAS, layerwise_ctas
+
+    blocks, chunks_n = 1024, 64
+    src = synthetic_caches(geometry(), "LBHNC", blocks, "cuda")
+    dst = synthetic_caches(geometry(), "LBHNC", blocks, "cuda")
+    layout = layout_of(src)
+    pool = pools(chunks_n, layout.geometry.slot_bytes)
+    chunks = [
+        ChunkMove(SlotId(c.slot), c.block_ids)
+        for c in random_chunks(chunks_n, BPC, blocks // 2, chunks_n, random.Random(9))
+    ]
+    make_mover(name, layout, src, pool).store(chunks)
+    mover = make_mover(name, layout_of(dst), dst, pool)
+    launched: list[int] = []
+    real = mover._launch  # type: ignore[attr-defined]
+
+    def counting(*args: object) -> None:
+        launched.append(args[-1])  # type: ignore[arg-type]
+        real(*args)
+
+    mover._launch = counting  # type: ignore[attr-defined]
+    back = [ChunkMove(c.slot, tuple(BlockId(b + blocks // 2) for b in c.block_ids)) for c in chunks]
+    assert mover.load_layerwise(back).wait() == chunks_n * layout.geometry.chunk_bytes
+    assert layerwise_ctas(chunks_n * BPC) == LAYERWISE_CTAS
+    assert launched == [LAYERWISE_CTAS] * layout.geometry.num_layers
+    for s, d in zip(src.values(), dst.values(), strict=True):
+        for c, b in zip(chunks, back, strict=True):
+            for bs, bd in zip(c.block_ids, b.block_ids, strict=True):
+                assert torch.equal(page(s, bs), page(d, bd))
