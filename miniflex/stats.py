@@ -43,6 +43,10 @@ class TransferStats:
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
     ttft_actual_s: float = 0.0
+    # Time taken from vLLM (connector/hook_clock.py): never a reason to report on their own.
+    scheduler_hook_seconds: float = 0.0  # wall time in the scheduler-side hooks
+    worker_hook_seconds: float = 0.0  # wall time in the worker-side hooks, all ranks
+    thread_cpu_seconds: float = 0.0  # CPU time of MiniFlex's threads, all ranks
 
     _SUMMED = (
         "stored_tokens",
@@ -67,7 +71,11 @@ class TransferStats:
         "ttft_samples",
         "ttft_predicted_s",
         "ttft_actual_s",
+        "scheduler_hook_seconds",
+        "worker_hook_seconds",
+        "thread_cpu_seconds",
     )
+    _CLOCKS = ("scheduler_hook_seconds", "worker_hook_seconds", "thread_cpu_seconds")
 
     def add_result(self, r: JobResult) -> None:
         if r.kind is JobKind.LOAD:
@@ -95,7 +103,8 @@ class TransferStats:
         return self
 
     def is_empty(self) -> bool:
-        return self == TransferStats()
+        """Nothing happened but time passing: the clocks ride along with the next report."""
+        return self == TransferStats(**{c: getattr(self, c) for c in self._CLOCKS})
 
     def as_counters(self) -> dict[str, int | float]:
         """Flat summable counters (the ``KVConnectorStats.data`` payload)."""

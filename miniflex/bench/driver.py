@@ -69,6 +69,11 @@ class Driver(ABC):
         that cannot reset only leaves older chunks competing for tier space.
         """
 
+    def time_taken(self) -> dict[str, float] | None:
+        """MiniFlex's cumulative ``vllm:miniflex_time_taken_seconds`` counters by ``where``
+        (``scheduler_hooks``, ``worker_hooks``, ``threads``); None where not known."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the engine (shut it down, when this driver started it)."""

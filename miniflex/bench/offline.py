@@ -28,6 +28,7 @@ from miniflex.errors import MiniFlexError
 __all__ = ["EngineSettings", "OfflineDriver", "on_cuda"]
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+TIME_TAKEN = "vllm:miniflex_time_taken_seconds_total"
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,21 @@ class OfflineDriver(Driver):
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)
+
+    def time_taken(self) -> dict[str, float] | None:
+        """From the Prometheus registry itself: vLLM's ``get_metrics`` rounds counters to
+        whole numbers. The counters lag by at most one of MiniFlex's stats reports."""
+        if self.connector is not Connector.MINIFLEX:
+            return None
+        import prometheus_client
+
+        out: dict[str, float] = {}
+        for family in prometheus_client.REGISTRY.collect():
+            for s in family.samples:
+                if s.name == TIME_TAKEN:
+                    where = s.labels.get("where", "")
+                    out[where] = out.get(where, 0.0) + s.value
+        return out
 
     def _external_counter(self) -> float | None:
         """vLLM's counter of tokens loaded by the KV connector (None: not exported)."""

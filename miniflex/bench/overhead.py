@@ -9,6 +9,10 @@ lookups and its stores. Two measurements per configuration:
   5-10% between rounds of the same engine (the best round is reported too);
 * **serial**: ``serial_prompts`` requests one at a time; their mean TTFT.
 
+For MiniFlex the rows also give what it took from vLLM per batch round
+(median): the wall time of its hooks on vLLM's threads and the CPU time of its
+own threads (``connector/hook_clock.py``), where the driver can read them.
+
 The summary gives each configuration's throughput loss and TTFT increase
 against ``apc`` (the target for MiniFlex is at most 2%).
 """
@@ -56,6 +60,8 @@ class OverheadWorkload(Workload):
         driver.reset()
         best: tuple[float, float, list] = (0.0, 0.0, [])
         rates: list[float] = []
+        hooks_ms: list[float] = []  # MiniFlex's hooks on vLLM's threads, per round
+        threads_ms: list[float] = []  # CPU of MiniFlex's own threads, per round
         samples: list[dict[str, Any]] = []
         for r in range(self.rounds):
             batch = [
@@ -64,9 +70,21 @@ class OverheadWorkload(Workload):
                 )
                 for i in range(self.batch_prompts)
             ]
+            before = driver.time_taken()
             ss, makespan = driver.open_loop(batch)
             tok_s = sum(s.prompt_tokens + s.output_tokens for s in ss) / makespan
-            log(f"{driver.name}: batch round {r + 1}: {tok_s:,.0f} tok/s over {makespan:.2f} s")
+            taken = _taken(before, driver.time_taken())
+            log(
+                f"{driver.name}: batch round {r + 1}: {tok_s:,.0f} tok/s over {makespan:.2f} s"
+                + (
+                    f"; MiniFlex hooks {taken[0]:.1f} ms, threads' CPU {taken[1]:.1f} ms"
+                    if taken
+                    else ""
+                )
+            )
+            if taken:
+                hooks_ms.append(taken[0])
+                threads_ms.append(taken[1])
             rates.append(tok_s)
             samples += [dict(s.as_dict(), round=r) for s in ss]
             if tok_s > best[0]:
@@ -89,6 +107,10 @@ class OverheadWorkload(Workload):
             "serial_ttft_mean_ms": mean(s.ttft_ms for s in serial),
             "serial_ttft_p50_ms": percentile([s.ttft_ms for s in serial], 50),
             "cached": sum(s.cached_tokens or 0 for s in everything),
+            "hooks_ms_median": round(statistics.median(hooks_ms), 1) if hooks_ms else None,
+            "threads_cpu_ms_median": round(statistics.median(threads_ms), 1)
+            if threads_ms
+            else None,
         }
         log(f"{driver.name}: serial TTFT mean {row['serial_ttft_mean_ms']} ms")
         return [row], samples
@@ -128,3 +150,16 @@ class OverheadWorkload(Workload):
         for ax in (ax1, ax2):
             ax.tick_params(axis="x", rotation=20)
         fig.suptitle(self.title, fontsize=10)
+
+
+def _taken(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> tuple[float, float] | None:
+    """(hook wall ms, thread CPU ms) between two readings of ``Driver.time_taken``."""
+    if before is None or after is None:
+        return None
+
+    def delta(where: str) -> float:
+        return 1e3 * (after.get(where, 0.0) - before.get(where, 0.0))
+
+    return delta("scheduler_hooks") + delta("worker_hooks"), delta("threads")

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.config import MiniFlexConfig, hash_seed_set
 from miniflex.connector import compat, ssd_tier
 from miniflex.connector.handler import MiniFlexHandler
+from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.prom import MiniFlexPromMetrics
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["MiniFlexConnector"]
 
 logger = logging.getLogger("miniflex.connector")
+
+CLOCK_REPORT_S = 0.01
+"""A worker with nothing else to report sends its clocks once they hold this many seconds."""
 
 
 class MiniFlexConnector(KVConnectorBase_V1):
@@ -81,6 +85,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._handler: MiniFlexHandler | None = None
         self._requests: dict[ReqId, Any] = {}
         self._status: StatusWriter | None = None
+        self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
+        self._thread_cpu = 0.0  # worker: CPU time of its threads, not reported yet
         if role == KVConnectorRole.SCHEDULER:
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 # A cache miss must never fail a request: recompute what could not be loaded.
@@ -143,6 +149,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         assert isinstance(meta, MiniFlexMetadata)
         return meta.plan
 
+    @timed_hook
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         # vLLM binds the step's metadata before the forward and calls wait_for_save
         # after it (start_load_kv may come after the forward): time the forward from here.
@@ -150,15 +157,18 @@ class MiniFlexConnector(KVConnectorBase_V1):
         if self._handler is not None and isinstance(connector_metadata, MiniFlexMetadata):
             self._handler.forward_started(connector_metadata.plan)
 
+    @timed_hook
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, MiniFlexMetadata):
             self.handler.wait_for(kv_connector_metadata.plan.preempted)
 
+    @timed_hook
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         plan = self._plan()
         self.handler.wait_for(plan.preempted)
         self.handler.submit(plan, JobKind.LOAD)
 
+    @timed_hook
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Before each attention layer (vLLM's maybe_transfer_kv_layer, 0.26 and 0.32):
         # order it after this step's SYNC/LAYERWISE loads; a no-op without them.
@@ -169,6 +179,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     ) -> None:
         return  # stores are queued once per step in wait_for_save
 
+    @timed_hook
     def wait_for_save(self) -> None:
         # Stores are planned only for steps that compute, and vLLM calls this after
         # every forward (with speculative decoding, after the drafter's too).
@@ -178,6 +189,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self.handler.finish_step_loads()
             self.handler.submit(plan, JobKind.STORE)
 
+    @timed_hook
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.has_connector_metadata():
             plan = self._plan()
@@ -190,21 +202,28 @@ class MiniFlexConnector(KVConnectorBase_V1):
         sending, recving = self.handler.poll()
         return sending or None, recving or None
 
+    @timed_hook
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set(self.handler.take_load_errors())
 
+    @timed_hook
     def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
         results = self.handler.take_results()
         steps = self.handler.take_step_times()
         probe = self.handler.take_probe()
         probes = (probe,) if probe is not None else ()
-        if not (results or steps or probes):
+        cpu = self._thread_cpu + self.handler.take_thread_cpu()
+        if not (results or steps or probes) and self.hook_seconds + cpu < CLOCK_REPORT_S:
+            self._thread_cpu = cpu  # the clocks alone wait until they are worth a report
             return None
-        return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes)
+        hooks, self.hook_seconds, self._thread_cpu = self.hook_seconds, 0.0, 0.0
+        return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes, hooks, cpu)
 
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.shutdown()
+        if self._manager is not None:
+            self._report_scheduler_hooks()
         if self._status is not None:
             self._status.maybe_write(now=float("inf"))  # the final state
 
@@ -214,6 +233,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
         assert self._manager is not None, "scheduler-side call on a worker connector"
         return self._manager
 
+    def _report_scheduler_hooks(self) -> None:
+        hooks, self.hook_seconds = self.hook_seconds, 0.0
+        self.manager.on_clocks(scheduler_hooks=hooks)
+
+    @timed_hook
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
@@ -229,12 +253,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
             return None, False
         return n, n > 0 and self.manager.load_async(request.request_id)
 
+    @timed_hook
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._requests[request.request_id] = request
         self.manager.on_alloc(
             request.request_id, compat.request_block_ids(blocks), num_external_tokens
         )
 
+    @timed_hook
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         scheduled = compat.scheduled_requests(scheduler_output)
         hashes = {
@@ -243,17 +269,23 @@ class MiniFlexConnector(KVConnectorBase_V1):
             if s.req_id in self._requests
         }
         plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
+        self._report_scheduler_hooks()
         if self._status is not None:
             self._status.maybe_write()
         return MiniFlexMetadata(plan)
 
+    @timed_hook
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, MiniFlexWorkerMeta):
             self.manager.on_probes(meta.probes)
             self.manager.on_results(meta.results)
             self.manager.on_step_times(meta.step_seconds)
+            self.manager.on_clocks(
+                worker_hooks=meta.hook_seconds, thread_cpu=meta.thread_cpu_seconds
+            )
 
+    @timed_hook
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
         st = self.manager.settle_hits(req_id)
@@ -280,9 +312,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
         logger.info("MiniFlex cache reset: %d chunks dropped", dropped)
         return True
 
+    @timed_hook
     def has_pending_block_frees(self) -> bool:
         return self.manager.has_pending_frees()
 
+    @timed_hook
     def has_pending_push_work(self) -> bool:
         """Keep the engine stepping while jobs are in flight, so their results arrive."""
         return self.manager.has_jobs()
@@ -301,6 +335,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
+    @timed_hook
     def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
         if self._manager is None or self._manager.stats.is_empty():
             return None

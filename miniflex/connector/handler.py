@@ -43,6 +43,7 @@ from concurrent.futures import Future
 import torch
 
 from miniflex.config import MiniFlexConfig
+from miniflex.connector.hook_clock import ThreadClock
 from miniflex.connector.probe import probe_loads
 from miniflex.connector.step_loads import StepLoads
 from miniflex.connector.step_timer import StepTimer
@@ -95,6 +96,7 @@ class MiniFlexHandler:
         self._timer: StepTimer | None = None
         self._probe: LoadProbe | None = None  # reported once, with the first results
         self._step_loads = StepLoads({})
+        self._cpu = ThreadClock()  # CPU seconds of the three threads' jobs
 
     def register(
         self,
@@ -260,10 +262,16 @@ class MiniFlexHandler:
     def _run(self, jobs: queue.Queue[_Item | None]) -> None:
         while (item := jobs.get()) is not None:
             job, fence, fut, promoted = item
+            cpu = time.thread_time()
             if job.kind is JobKind.LOAD and job.ssd and promoted is None:
                 self._promote(item)  # on the read thread
             else:
                 fut.set_result(self._execute(job, fence, promoted))
+            self._cpu.add(time.thread_time() - cpu)
+
+    def take_thread_cpu(self) -> float:
+        """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
+        return self._cpu.take()
 
     def _promote(self, item: _Item) -> None:
         """A load's SSD reads into its CPU slots (on the read thread); then its GPU copies go

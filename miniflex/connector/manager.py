@@ -313,6 +313,14 @@ class MiniFlexManager:
         """The workers' start-up load probes (see :class:`HitAdvisor`)."""
         self.advisor.on_probes(probes)
 
+    def on_clocks(
+        self, scheduler_hooks: float = 0.0, worker_hooks: float = 0.0, thread_cpu: float = 0.0
+    ) -> None:
+        """Time taken from vLLM since the last call (``connector/hook_clock.py``)."""
+        self.stats.scheduler_hook_seconds += scheduler_hooks
+        self.stats.worker_hook_seconds += worker_hooks
+        self.stats.thread_cpu_seconds += thread_cpu
+
     def on_step_times(self, times: Iterable[tuple[int, float]]) -> None:
         """Forward times the workers measured: calibrate the prefill model, close TTFTs."""
         self.advisor.on_step_times(times, self._reqs, self.stats)

@@ -30,6 +30,10 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     """``(step, forward seconds)`` measured by the worker (the cost model's prefill fit)."""
     probes: tuple[LoadProbe, ...] = ()
     """The start-up load probe, in the worker's first report."""
+    hook_seconds: float = 0.0
+    """Wall seconds in the worker's hooks since its last report (``hook_clock.py``)."""
+    thread_cpu_seconds: float = 0.0
+    """CPU seconds of the worker's transfer and SSD threads since its last report."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, MiniFlexWorkerMeta), type(other)
@@ -37,4 +41,6 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
             self.results + other.results,
             self.step_seconds + other.step_seconds,
             self.probes + other.probes,
+            self.hook_seconds + other.hook_seconds,
+            self.thread_cpu_seconds + other.thread_cpu_seconds,
         )

@@ -8,6 +8,7 @@ with a label::
     vllm:miniflex_hit_tokens_total{tier="ssd", ...}
     vllm:miniflex_transfer_bytes_total{kind="load", ...}
     vllm:miniflex_ssd_failures_total{op="read", ...}
+    vllm:miniflex_time_taken_seconds_total{where="worker_hooks", ...}
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ _METRICS: dict[str, tuple[str, str | None, dict[str, str]]] = {
         "Chunks resident on SSD that the cost model chose to recompute.",
         None,
         {"ssd_chunks_recomputed": ""},
+    ),
+    "vllm:miniflex_time_taken_seconds": (
+        "Time MiniFlex took from vLLM: wall time in its hooks on vLLM's scheduler and worker "
+        "threads, and CPU time of its own transfer and SSD threads.",
+        "where",
+        {
+            "scheduler_hook_seconds": "scheduler_hooks",
+            "worker_hook_seconds": "worker_hooks",
+            "thread_cpu_seconds": "threads",
+        },
     ),
     "vllm:miniflex_failed_jobs": (
         "MiniFlex transfer jobs that failed (their blocks were recomputed).",

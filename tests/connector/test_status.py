@@ -84,3 +84,5 @@ def test_prometheus_counters_follow_the_stats_vllm_reports(tmp_path: Path) -> No
     assert value("vllm:miniflex_hit_tokens_total", tier="ssd") == 0
     assert value("vllm:miniflex_stored_tokens_total") == 5 * CHUNK
     assert (value("vllm:miniflex_transfer_bytes_total", kind="load") or 0) > 0
+    for where in ("scheduler_hooks", "worker_hooks", "threads"):
+        assert (value("vllm:miniflex_time_taken_seconds_total", where=where) or 0) > 0, where

@@ -126,6 +126,10 @@ def test_overhead_compares_unique_prompts_with_apc(run) -> None:
     payload = load(run[0], "overhead")
     assert all(r["cached"] == 0 for r in payload["rows"])  # no reuse anywhere
     assert set(payload["summary"]["vs_apc"]) == {"miniflex-cpu", "miniflex-ssd"}
+    rows = {r["config"]: r for r in payload["rows"]}
+    assert rows["apc"]["hooks_ms_median"] is None  # no connector, nothing to read
+    for name in ("miniflex-cpu", "miniflex-ssd"):  # read from vLLM's Prometheus registry
+        assert rows[name]["hooks_ms_median"] > 0 and rows[name]["threads_cpu_ms_median"] > 0
 
 
 @pytest.mark.parametrize("part", ["ttft", "overflow", "mixed", "overhead", "ssd"])

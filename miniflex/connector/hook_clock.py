@@ -1,0 +1,62 @@
+"""The time MiniFlex takes from vLLM: wall time inside its hooks, CPU time of its threads.
+
+vLLM calls the connector's hooks on its own threads (the scheduler's, each
+worker's), so their wall time adds to every engine step, waits for in-step
+loads included. MiniFlex's transfer and SSD threads run beside vLLM's and take
+CPU, and the interpreter, from it; a thread that waits the right way (blocked,
+not spinning) takes none while it waits. Both are reported as counters
+(``scheduler_hook_seconds``, ``worker_hook_seconds``, ``thread_cpu_seconds``),
+so an operator can tell what the connector costs a live engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+__all__ = ["HookTimed", "ThreadClock", "timed_hook"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class HookTimed(Protocol):
+    hook_seconds: float
+    """Wall seconds spent in the object's timed hooks; the owner reads and resets it."""
+
+
+S = TypeVar("S", bound=HookTimed)
+
+
+def timed_hook(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Add the wall time of each call of method ``fn`` to its object's ``hook_seconds``."""
+
+    @functools.wraps(fn)
+    def timed(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        t0 = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self.hook_seconds += time.perf_counter() - t0
+
+    return timed
+
+
+class ThreadClock:
+    """CPU seconds that MiniFlex's threads report; :meth:`take` returns those since the last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += seconds
+
+    def take(self) -> float:
+        with self._lock:
+            out, self._seconds = self._seconds, 0.0
+        return out
