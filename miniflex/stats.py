@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 from miniflex.plan import JobKind, JobResult
 
-__all__ = ["TransferStats"]
+__all__ = ["CLOCKS", "TransferStats"]
+
+CLOCKS = ("scheduler_hook_seconds", "worker_hook_seconds", "thread_cpu_seconds")
+"""The counters of time taken from vLLM (``connector/hook_clock.py``)."""
 
 
 @dataclass
@@ -75,7 +78,6 @@ class TransferStats:
         "worker_hook_seconds",
         "thread_cpu_seconds",
     )
-    _CLOCKS = ("scheduler_hook_seconds", "worker_hook_seconds", "thread_cpu_seconds")
 
     def add_result(self, r: JobResult) -> None:
         if r.kind is JobKind.LOAD:
@@ -104,7 +106,7 @@ class TransferStats:
 
     def is_empty(self) -> bool:
         """Nothing happened but time passing: the clocks ride along with the next report."""
-        return self == TransferStats(**{c: getattr(self, c) for c in self._CLOCKS})
+        return self == TransferStats(**{c: getattr(self, c) for c in CLOCKS})
 
     def as_counters(self) -> dict[str, int | float]:
         """Flat summable counters (the ``KVConnectorStats.data`` payload)."""

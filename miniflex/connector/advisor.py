@@ -98,10 +98,6 @@ class HitAdvisor:
             1e3 * d.recompute_s,
         )
 
-    def chunk_recompute_seconds(self) -> float | None:
-        """What recomputing one chunk costs (see ``CostModel.chunk_recompute_seconds``)."""
-        return self.cost.chunk_recompute_seconds()
-
     def write_wait_budget(self) -> float:
         """How long a store may wait for a write-back to SSD rather than drop a chunk: what
         recomputing one chunk costs by the prefill fit; WRITE_WAIT_S at least."""

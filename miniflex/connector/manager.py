@@ -127,7 +127,7 @@ class MiniFlexManager:
                 config, num_slots, chunk_bytes, -(-step_tokens // ns.chunk_tokens)
             ),
             wait_budget=self.advisor.write_wait_budget,
-            recompute_seconds=self.advisor.chunk_recompute_seconds,
+            recompute_seconds=self.cost.chunk_recompute_seconds,
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]

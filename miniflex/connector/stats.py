@@ -7,6 +7,8 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from miniflex.stats import CLOCKS
+
 __all__ = ["MiniFlexConnectorStats"]
 
 
@@ -30,8 +32,8 @@ class MiniFlexConnectorStats(KVConnectorStats):
             secs = d.get(f"{kind}_seconds", 0.0)
             out[f"{kind}_ms_avg"] = round(1e3 * secs / n, 3) if n else 0.0
             out[f"{kind}_GBps"] = round(d.get(f"{kind}_bytes", 0) / secs / 1e9, 3) if secs else 0.0
-        for clock in ("scheduler_hook", "worker_hook", "thread_cpu"):  # hook_clock.py
-            out[f"{clock}_ms"] = round(1e3 * d.get(f"{clock}_seconds", 0.0), 1)
+        for clock in CLOCKS:  # connector/hook_clock.py
+            out[clock.removesuffix("_seconds") + "_ms"] = round(1e3 * d.get(clock, 0.0), 1)
         return out
 
     def is_empty(self) -> bool:
