@@ -46,7 +46,11 @@ def test_replay_applies_puts_moves_and_deletes(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("damage", "damaged", "torn"),
-    [("truncated_mid_record", 0, RECORD_BYTES // 2), ("garbage_tail", 1, 10), ("zeroed_tail", 2, 4)],
+    [
+        ("truncated_mid_record", 0, RECORD_BYTES // 2),
+        ("garbage_tail", 1, 10),
+        ("zeroed_tail", 2, 4),
+    ],
 )
 def test_torn_tail_keeps_every_complete_record(
     path: Path, damage: str, damaged: int, torn: int, caplog: pytest.LogCaptureFixture
