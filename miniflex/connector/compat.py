@@ -35,6 +35,7 @@ __all__ = [
     "model_name",
     "page_order",
     "preempted_ids",
+    "quiet_connector_notice",
     "request_block_ids",
     "scheduled_requests",
     "serve_command",
@@ -64,8 +65,31 @@ def serve_command(model: str, args: Sequence[str]) -> list[str]:
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+        module = "vllm.entrypoints.openai.api_server"
+        # Its two deprecation notices are about the module MiniFlex picked, not the user's setup.
+        quiet = [f"-Wignore:`{module}`:DeprecationWarning"]
+        quiet.append(f"-Wignore:The `python -m {module}`:DeprecationWarning")
+        return [sys.executable, *quiet, "-m", module, "--model", model, *args]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
+
+
+class _DropNotice(logging.Filter):
+    """Drops one log record of vLLM's, by the start of its message."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def quiet_connector_notice() -> None:
+    """Drop vLLM's "Initializing KVConnectorBase_V1. This API is experimental" warning,
+    which every connector logs once per process (twice per engine); idempotent."""
+    base = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    if not any(isinstance(f, _DropNotice) for f in base.filters):
+        base.addFilter(_DropNotice("Initializing KVConnectorBase_V1"))
 
 
 def geometry_from_config(

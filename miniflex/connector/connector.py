@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from miniflex.config import MiniFlexConfig, hash_seed_set
-from miniflex.connector import compat, ssd_tier
+from miniflex.connector import compat, preflight, ssd_tier
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.manager import MiniFlexManager
@@ -54,6 +54,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     """Tiered KV cache (pinned CPU, optional SSD) behind vLLM's V1 connector API."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        compat.quiet_connector_notice()
         super().__init__(vllm_config, role, kv_cache_config)
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
@@ -62,13 +63,10 @@ class MiniFlexConnector(KVConnectorBase_V1):
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
         geometry = compat.geometry_from_config(kv_cache_config, self.config.chunk_blocks)
         self.geometry = geometry
+        if role == KVConnectorRole.WORKER:  # before anything is allocated or created
+            preflight.check_worker(self.config, geometry, compat.tp_rank())
+        preflight.check_cpu_bytes(self.config, geometry)
         self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
-        if self.num_slots < 1:
-            raise ConfigError(
-                "cpu_bytes",
-                self.config.cpu_bytes,
-                f"must hold at least one chunk ({geometry.slot_bytes} bytes for this model)",
-            )
         self.page_order = compat.page_order(kv_cache_config)
         self.ns = Namespace(
             model=compat.model_name(vllm_config),
