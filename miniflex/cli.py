@@ -6,11 +6,28 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from miniflex.errors import MiniFlexError
 
 __all__ = ["main"]
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer from ``lo`` to ``hi`` (no upper bound: None)."""
+    want = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return value
+
+    parse.__name__ = want  # argparse names the type in some messages
+    return parse
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -60,14 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser(
         "demo", help="real vLLM with and without MiniFlex on a generated model: TTFT and hits"
     )
-    demo.add_argument("--prompt-tokens", type=int, default=2048, help="long prompt length")
+    demo.add_argument(
+        "--prompt-tokens", type=_int_in(256, 16384), default=2048, help="long prompt length"
+    )
     demo.add_argument("--json", help="also write the rows as JSON to this file")
     demo.add_argument(
         "--synthetic", action="store_true", help="no vLLM: move chunks through the core only"
     )
-    demo.add_argument("--prompts", type=int, default=8, help="--synthetic: distinct prompts")
-    demo.add_argument("--chunks", type=int, default=16, help="--synthetic: chunks per prompt")
-    demo.add_argument("--cpu-slots", type=int, default=64, help="--synthetic: CPU tier slots")
+    positive = _int_in(1)
+    demo.add_argument("--prompts", type=positive, default=8, help="--synthetic: distinct prompts")
+    demo.add_argument("--chunks", type=positive, default=16, help="--synthetic: chunks per prompt")
+    demo.add_argument("--cpu-slots", type=positive, default=64, help="--synthetic: CPU tier slots")
     demo.set_defaults(func=_demo)
     srv = sub.add_parser(
         "serve",
@@ -85,14 +105,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tune", help="time the GPU movers on a model's KV layout; store the fastest per GPU"
     )
     tune.add_argument("--model", required=True, help="model directory or its config.json")
-    tune.add_argument("--block-size", type=int, default=16, help="vLLM block size (tokens)")
+    tune.add_argument("--block-size", type=_int_in(1), default=16, help="vLLM block size (tokens)")
     tune.add_argument("--dtype", default="bfloat16", help="KV cache dtype (bfloat16, fp8, ...)")
-    tune.add_argument("--chunk-tokens", type=int, nargs="+", default=[64], help="chunk sizes")
+    tune.add_argument(
+        "--chunk-tokens", type=_int_in(1), nargs="+", default=[64], help="chunk sizes"
+    )
     tune.add_argument("--order", choices=("LBHNC", "LBNHC"), default="LBHNC", help="page order")
-    tune.add_argument("--tensor-parallel", type=int, default=1, help="TP size (KV heads/rank)")
-    tune.add_argument("--tokens-per-call", type=int, default=1024, help="tokens per timed call")
-    tune.add_argument("--ctas", type=int, nargs="+", help="kernel CTA counts to try")
-    tune.add_argument("--repeat", type=int, default=10, help="timed calls per direction")
+    tune.add_argument(
+        "--tensor-parallel", type=_int_in(1), default=1, help="TP size (KV heads/rank)"
+    )
+    tune.add_argument(
+        "--tokens-per-call", type=_int_in(1), default=1024, help="tokens per timed call"
+    )
+    tune.add_argument("--ctas", type=_int_in(1), nargs="+", help="kernel CTA counts to try")
+    tune.add_argument("--repeat", type=_int_in(1), default=10, help="timed calls per direction")
     tune.add_argument("--cache", help="tuning cache file (default: the tune_cache setting)")
     tune.add_argument("--no-save", action="store_true", help="print only; leave the cache alone")
     tune.set_defaults(func=_tune)
