@@ -355,7 +355,9 @@ _SPECS: dict[str, _Spec] = {
         lambda k, v: _parse_path(k, v),
         None,
         "Write the scheduler's live state (tiers, cost model, cumulative counters) to this "
-        "JSON file every 2 s, atomically; `miniflex inspect FILE` prints it. Empty: off.",
+        "JSON file, atomically, every second from a thread of its own, idle or not; the state "
+        "is refreshed while busy (at most once a second) and when the engine falls idle. "
+        "`miniflex inspect FILE` prints it, its age and whether the engine runs. Empty: off.",
         "",
     ),
     "ssd_io": _Spec(

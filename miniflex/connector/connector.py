@@ -29,11 +29,11 @@ from miniflex.config import MiniFlexConfig, hash_seed_set
 from miniflex.connector import compat, preflight, ssd_tier
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.hook_clock import timed_hook
+from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.stats import MiniFlexConnectorStats
-from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import Namespace
 from miniflex.plan import JobKind, TransferPlan
@@ -82,7 +82,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None
         self._requests: dict[ReqId, Any] = {}
-        self._status: StatusWriter | None = None
+        self._live: LiveState | None = None  # scheduler: status file and /metrics levels
+        self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
         self._thread_cpu = 0.0  # worker: CPU time of its threads, not reported yet
         if role == KVConnectorRole.SCHEDULER:
@@ -101,8 +102,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 compat.step_tokens(vllm_config),
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
-            if self.config.status_file:
-                self._status = StatusWriter(self.config.status_file, self._manager.status)
+            self._live = LiveState(self.config.status_file)
+            self._live.start(self._manager.status())
             if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
                 logger.warning(
                     "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
@@ -222,8 +223,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self._handler.shutdown()
         if self._manager is not None:
             self._report_scheduler_hooks()
-        if self._status is not None:
-            self._status.maybe_write(now=float("inf"))  # the final state
+        if self._live is not None:
+            self._live.close(self.manager.status())  # the final state
 
     # ---------------- scheduler side ----------------
     @property
@@ -268,8 +269,6 @@ class MiniFlexConnector(KVConnectorBase_V1):
         }
         plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
         self._report_scheduler_hooks()
-        if self._status is not None:
-            self._status.maybe_write()
         return MiniFlexMetadata(plan)
 
     @timed_hook
@@ -298,6 +297,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         }
         delay = self.manager.on_finished(req_id)
         self._requests.pop(req_id, None)
+        self._observe()  # an abort may end the last request between engine steps
         return delay, params
 
     def reset_cache(self) -> bool:
@@ -333,11 +333,28 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
+    def _observe(self) -> None:
+        """Snapshot the state when due (see ``live_state.py``); keep its levels for /metrics."""
+        m = self.manager
+        busy = bool(self._requests) or m.has_jobs() or m.has_pending_frees()
+        assert self._live is not None
+        gauges = self._live.observe(busy, m.status)
+        if gauges is not None:
+            self._gauges = gauges
+
     @timed_hook
     def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
-        if self._manager is None or self._manager.stats.is_empty():
+        """vLLM calls this after every step's results: the counters since the last call,
+        and the state's levels (``now_*`` keys) when a new snapshot was taken."""
+        m = self._manager
+        if m is None:
             return None
-        return MiniFlexConnectorStats(data=self._manager.take_stats().as_counters())
+        counters = {} if m.stats.is_empty() else m.take_stats().as_counters()
+        self._observe()
+        gauges, self._gauges = self._gauges, {}
+        if not counters and not gauges:
+            return None
+        return MiniFlexConnectorStats(data={**counters, **gauges})
 
     @classmethod
     def build_prom_metrics(
