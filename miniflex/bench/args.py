@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from miniflex.bench.configs import CONFIGS
+from miniflex.bench.soak_args import add_soak_arguments
 
 __all__ = ["WORKLOADS", "add_arguments"]
 
-WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn")
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "soak")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -26,11 +27,14 @@ def _floats(text: str) -> tuple[float, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add every ``miniflex bench`` option to ``p`` (the ``bench`` subparser)."""
     p.add_argument(
-        "workloads", help="ttft, overflow, mixed, overhead, multiturn, or several comma-separated"
+        "workloads",
+        help="ttft, overflow, mixed, overhead, multiturn, or several comma-separated; or soak "
+        "(alone: it starts its own servers)",
     )
     _engines(p.add_argument_group("engines"))
     _tiers(p.add_argument_group("tiers (default: sized from the workloads)"))
     _workloads(p.add_argument_group("workloads"))
+    add_soak_arguments(p.add_argument_group("soak (miniflex/bench/soak.py)"))
     o = p.add_argument_group("output")
     o.add_argument("--out-dir", default="bench/results", help="JSON and PNG per workload")
     o.add_argument("--tag", default="", help="file name suffix: <workload>-<tag>.json")

@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["JOURNAL_VERSION", "SlotJournal", "read_journal"]
+__all__ = ["JOURNAL_VERSION", "SlotJournal", "journal_geometry", "read_journal"]
 
 log = logging.getLogger("miniflex.ssd")
 
@@ -84,6 +84,25 @@ def read_journal(
     except FileNotFoundError:
         return {}
     return _replay(data, _header(namespace_digest, slot_bytes, num_slots), slot_bytes, num_slots)
+
+
+def journal_geometry(path: str) -> tuple[bytes, int, int] | None:
+    """``(namespace digest, slot_bytes, num_slots)`` from a journal's header, for tools that
+    inspect a store they did not open; None if the file or its header is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(RECORD_BYTES)
+    except OSError:
+        return None
+    if (
+        len(head) < RECORD_BYTES
+        or zlib.crc32(head[: _HEADER.size]) != _TRAILER.unpack(head[_HEADER.size :])[0]
+    ):
+        return None
+    magic, version, digest, slot_bytes, num_slots = _HEADER.unpack(head[: _HEADER.size])
+    if magic != _MAGIC or version != JOURNAL_VERSION:
+        return None
+    return digest, slot_bytes, num_slots
 
 
 def _replay(data: bytes, header: bytes, slot_bytes: int, num_slots: int) -> dict[ChunkKey, Entry]:
