@@ -167,7 +167,9 @@ def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
     dirs = tuple(p.strip() for p in parts if p.strip())
     for d in dirs:
         if not os.path.isdir(d):
-            raise ConfigError(key, value, f"{d!r} is not an existing directory")
+            raise ConfigError(
+                key, value, f"{d!r} is not an existing directory; create it or fix the path"
+            )
     if len({os.path.realpath(d) for d in dirs}) != len(dirs):
         raise ConfigError(key, value, "expected distinct directories (one data file each)")
     return dirs

@@ -118,6 +118,7 @@ def serve(args: Sequence[str]) -> int:
         print(f"[miniflex serve] {line}", file=sys.stderr, flush=True)
     for path in remove_stale_sockets():
         logger.info("removed stale IPC socket %s", path)
-    print("[miniflex serve] " + " ".join(argv[1:]), file=sys.stderr, flush=True)
+    shown = [a for a in argv[1:] if not a.startswith("-W")]  # vLLM's own command line
+    print("[miniflex serve] " + " ".join(shown), file=sys.stderr, flush=True)
     os.execve(argv[0], argv, serve_environment())
     return 0  # not reached

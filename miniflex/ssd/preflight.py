@@ -108,7 +108,8 @@ def _file_bytes(dirs: Sequence[str], ssd_bytes: int, slot_bytes: int | None) -> 
             "ssd_bytes",
             format_bytes(ssd_bytes),
             f"holds no chunk per directory: a chunk of this model is {format_bytes(slot_bytes)} "
-            f"and there are {n} directories; set it to at least {format_bytes(n * slot_bytes)}",
+            f"and there {'is 1 directory' if n == 1 else f'are {n} directories'}; set it to "
+            f"at least {format_bytes(n * slot_bytes)}",
         )
     return slot_count(ssd_bytes, n, slot_bytes) // n * slot_bytes
 
