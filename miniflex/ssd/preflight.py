@@ -53,15 +53,13 @@ def check_ssd_tier(
     ssd_bytes: int,
     slot_bytes: int | None,
     ranks: Sequence[int] = (0,),
-    check_lock: bool = True,
 ) -> SSDCheck:
     """Refuse (ConfigError) settings the SSD tier cannot run with; creates nothing.
 
     ``slot_bytes``: one chunk of this model, or None where it is not known yet
     (then the files are assumed to be ``ssd_bytes`` split over ``dirs``).
     ``ranks``: the TP ranks whose stores will live under these directories.
-    ``check_lock``: False where this process's own workers already hold the
-    stores (the scheduler side).
+    Run it before this process opens a store there: its own lock would count.
     """
     file_bytes = _file_bytes(dirs, ssd_bytes, slot_bytes)
     for d in dirs:
@@ -69,17 +67,16 @@ def check_ssd_tier(
         for rd in (rank_dirs([d], r)[0] for r in ranks):
             if os.path.isdir(rd):  # made by an earlier start: the store writes in there
                 _check_writable(rd, d)
-    if check_lock:
-        for r in ranks:
-            for d, rd in zip(dirs, rank_dirs(dirs, r), strict=True):
-                pid = lock_holder(os.path.join(rd, DATA_FILE))
-                if pid is not None:
-                    raise ConfigError(
-                        "ssd_dirs",
-                        d,
-                        f"a live MiniFlex store ({_who(pid)}) uses it; give each server "
-                        "a directory of its own, or stop that server first",
-                    )
+    for r in ranks:
+        for d, rd in zip(dirs, rank_dirs(dirs, r), strict=True):
+            pid = lock_holder(os.path.join(rd, DATA_FILE))
+            if pid is not None:
+                raise ConfigError(
+                    "ssd_dirs",
+                    d,
+                    f"a live MiniFlex store ({_who(pid)}) uses it; give each server "
+                    "a directory of its own, or stop that server first",
+                )
     free = _check_space(dirs, ssd_bytes, file_bytes, slot_bytes, ranks)
     return SSDCheck(file_bytes, free)
 
