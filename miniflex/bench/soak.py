@@ -149,8 +149,8 @@ class SoakWorkload(Workload):
         deadline = time.monotonic() + 60
         while len(progress) < rest // 3 and time.monotonic() < deadline and sender.is_alive():
             time.sleep(0.02)  # kill with about two thirds of these still to go, some in flight
+        stop.set()  # no request starts after this: those not sent go after the restart
         srv.kill()
-        stop.set()
         sender.join()
         row["cut_by_kill"] = sum(1 for o in cut if o.error is not None)
         done += [o for o in cut if o.error is None]
@@ -203,6 +203,8 @@ class SoakWorkload(Workload):
             f"{max(r['idle_after_s'] for r in mf):.1f} s); server alive after every round: "
             f"{all(r['alive'] for r in mf)}",
             f"memory (PSS, MiB) by round: {', '.join(f'{p:.0f}' for p in pss)}",
+            "memory of each server process, first round to last (max): "
+            + "; ".join(f"{a:.0f} -> {b:.0f} ({m:.0f})" for a, b, m in _lifetimes(mf)),
         ]
         return {"totals": total, "seconds": secs, "pss_mib": pss, "lost": lost, "lines": lines}
 
@@ -237,6 +239,17 @@ _SUMMED = (
     "num_preemptions",
     "disk_filled",
 )
+
+
+def _lifetimes(rows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """PSS of the first and last round, and the most, of each server process (a restart
+    starts a new one)."""
+    spans: list[list[float]] = []
+    for r in rows:
+        if r.get("restarts") or not spans:
+            spans.append([])
+        spans[-1].append(r["pss_mib"])
+    return [(p[0], p[-1], max(p)) for p in spans]
 
 
 def _since(t0: float) -> float:
