@@ -138,17 +138,22 @@ class ServerProcess:
 
     def rss_bytes(self) -> int:
         """Proportional set size of all its processes (shared pages counted once in total)."""
-        total = 0
+        return sum(self.pss_by_process().values())
+
+    def pss_by_process(self) -> dict[str, int]:
+        """PSS bytes per process name (``/proc/PID/comm``: the API server, the engine core,
+        the workers), processes of the same name summed."""
+        out: dict[str, int] = {}
         for pid in self.pids():
             try:
+                with open(f"/proc/{pid}/comm") as f:
+                    name = f.read().strip()
                 with open(f"/proc/{pid}/smaps_rollup") as f:
-                    for line in f:
-                        if line.startswith("Pss:"):
-                            total += int(line.split()[1]) * 1024
-                            break
-            except OSError:
+                    pss = next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
+            except (OSError, StopIteration):
                 continue
-        return total
+            out[name] = out.get(name, 0) + pss * 1024
+        return out
 
     def kill(self) -> None:
         """``kill -9`` of every process of the server at once; waits until they are gone."""

@@ -125,7 +125,9 @@ class SoakWorkload(Workload):
         after = counters(srv)
         row.update(self._outcomes(done, row.get("cut_by_kill", 0)))
         row.update(seconds=_since(t0), alive=srv.alive(), restarts=srv.starts - starts)
-        row.update(idle.row(), liveness=idle.liveness, pss_mib=round(srv.rss_bytes() / MIB, 1))
+        pss = {name: round(b / MIB, 1) for name, b in srv.pss_by_process().items()}
+        row.update(idle.row(), liveness=idle.liveness, pss_mib=round(sum(pss.values()), 1))
+        row["pss_mib_by_process"] = pss
         base = {} if srv.starts != starts else before
         for key in set(after) | set(seen):
             row[key] = round(after.get(key, 0) - base.get(key, 0) + seen.get(key, 0), 3)

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,11 @@ from miniflex.ssd.journal import RECORD_BYTES
 from miniflex.ssd.store import DATA_FILE, rank_dirs, slot_count
 from miniflex.units import format_bytes
 
-__all__ = ["SSDCheck", "check_ssd_tier", "lock_holder"]
+__all__ = ["LOCK_WAIT_S", "SSDCheck", "check_ssd_tier", "lock_holder"]
+
+LOCK_WAIT_S = 10.0
+"""How long a store lock held by another process may take to be released before the
+directory counts as in use (a server shutting down lets go when its workers exit)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ def check_ssd_tier(
     ssd_bytes: int,
     slot_bytes: int | None,
     ranks: Sequence[int] = (0,),
+    lock_wait_s: float = LOCK_WAIT_S,
 ) -> SSDCheck:
     """Refuse (ConfigError) settings the SSD tier cannot run with; creates nothing.
 
@@ -60,6 +66,7 @@ def check_ssd_tier(
     (then the files are assumed to be ``ssd_bytes`` split over ``dirs``).
     ``ranks``: the TP ranks whose stores will live under these directories.
     Run it before this process opens a store there: its own lock would count.
+    ``lock_wait_s``: how long another process's lock may take to go away.
     """
     file_bytes = _file_bytes(dirs, ssd_bytes, slot_bytes)
     for d in dirs:
@@ -69,7 +76,7 @@ def check_ssd_tier(
                 _check_writable(rd, d)
     for r in ranks:
         for d, rd in zip(dirs, rank_dirs(dirs, r), strict=True):
-            pid = lock_holder(os.path.join(rd, DATA_FILE))
+            pid = lock_holder(os.path.join(rd, DATA_FILE), lock_wait_s)
             if pid is not None:
                 raise ConfigError(
                     "ssd_dirs",
@@ -81,19 +88,29 @@ def check_ssd_tier(
     return SSDCheck(file_bytes, free)
 
 
-def lock_holder(path: str) -> int | None:
-    """The pid that holds ``path``'s store lock (0 if it cannot be told), None if unlocked."""
+def lock_holder(path: str, wait_s: float = LOCK_WAIT_S) -> int | None:
+    """The pid that holds ``path``'s store lock (0 if it cannot be told), None if unlocked.
+
+    A holder gets ``wait_s`` seconds to let go: a server that is shutting down
+    (an engine closed just before a new one starts) releases it when its
+    workers exit.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None  # no data file yet: nobody holds it
+    deadline = time.monotonic() + wait_s
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _flock_owner(os.fstat(fd).st_ino) or 0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return _flock_owner(os.fstat(fd).st_ino) or 0
+                time.sleep(0.1)
     finally:
         os.close(fd)  # also drops the shared lock just taken
-    return None
 
 
 def _file_bytes(dirs: Sequence[str], ssd_bytes: int, slot_bytes: int | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def listing(root: Path) -> list[str]:
 def refusal(dirs: list[Path], ssd_bytes: int, slot: int | None = SLOT) -> ConfigError:
     before = {d: listing(d) for d in dirs}
     with pytest.raises(ConfigError) as info:
-        check_ssd_tier([str(d) for d in dirs], ssd_bytes, slot)
+        check_ssd_tier([str(d) for d in dirs], ssd_bytes, slot, lock_wait_s=0.3)
     assert {d: listing(d) for d in dirs} == before  # probes are removed again
     assert "\n" not in str(info.value)  # one line
     return info.value
@@ -67,6 +68,15 @@ def test_a_directory_a_live_store_uses_is_refused_with_its_pid(
         err = refusal([direct_dir], 10 * SLOT)
     assert err.key == "ssd_dirs" and f"pid {os.getpid()}" in str(err)
     check_ssd_tier([str(direct_dir)], 10 * SLOT, SLOT)  # free again once it closed
+
+
+def test_a_store_that_is_closing_gets_time_to_let_go(direct_dir: Path, backend: IOBackend) -> None:
+    """An engine closed just before the next one starts: its workers exit a moment later."""
+    rd = rank_dirs([str(direct_dir)], 0)[0]
+    os.mkdir(rd)
+    store = SSDStore([rd], 10 * SLOT, SLOT, DIGEST, backend)
+    threading.Timer(0.5, store.close).start()
+    check_ssd_tier([str(direct_dir)], 10 * SLOT, SLOT, lock_wait_s=30)
 
 
 def test_an_existing_data_file_counts_as_room(mount_fs: MountFS, backend: IOBackend) -> None:
