@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.manager import ScheduledReq
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
@@ -32,6 +33,7 @@ from miniflex.types import BlockId, ReqId
 __all__ = [
     "block_hashes",
     "geometry_from_config",
+    "graph_rule",
     "model_name",
     "page_order",
     "preempted_ids",
@@ -143,6 +145,26 @@ def step_tokens(vllm_config: Any) -> int:
     """Tokens vLLM computes at most per engine step (``max_num_batched_tokens``; 0: unknown)."""
     sc = getattr(vllm_config, "scheduler_config", None)
     return int(getattr(sc, "max_num_batched_tokens", 0) or 0)
+
+
+def graph_rule(vllm_config: Any) -> GraphRule:
+    """When the engine replays full CUDA graphs (``CompilationConfig.cudagraph_mode``, 0.26+).
+
+    The scheduler sees the mode as configured; a worker may still downgrade it for its
+    attention backend (never the other way), so the rule errs towards full graphs.
+    """
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if not mode or getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return EAGER  # None, or CUDAGraphMode.NONE (falsy)
+    from vllm.config import CUDAGraphMode
+
+    return GraphRule(
+        full_decode=mode.decode_mode() == CUDAGraphMode.FULL,
+        full_mixed=mode.mixed_mode() == CUDAGraphMode.FULL,
+        decode_tokens=1 + int(getattr(vllm_config, "num_speculative_tokens", 0) or 0),
+        max_tokens=int(getattr(cc, "max_cudagraph_capture_size", 0) or 0),
+    )
 
 
 def tp_rank() -> int:

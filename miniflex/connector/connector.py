@@ -101,6 +101,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 ssd_slots,
                 geometry.chunk_bytes,
                 compat.step_tokens(vllm_config),
+                compat.graph_rule(vllm_config),
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             if self.config.status_file:
@@ -327,9 +328,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """True unless every load is asynchronous: in-step loads make each attention layer
-        wait for its copy (``wait_for_layer_load``), which a full CUDA graph would skip."""
-        return MiniFlexConfig.from_dict(extra_config).load_mode != "async"
+        """Never: vLLM keeps its full CUDA graphs. An in-step load, whose attention layers
+        wait for their copy in ``wait_for_layer_load``, never relies on that hook in a step
+        that may replay a full graph (``connector/cuda_graphs.py``)."""
+        MiniFlexConfig.from_dict(extra_config)  # a bad setting fails here, before vLLM starts
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:

@@ -170,6 +170,8 @@ class MiniFlexHandler:
             self._step_loads.issue(
                 [job for job in plan.jobs if job.synchronous], self._mover, before_forward
             )
+            if plan.full_graph and before_forward:
+                self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
         fence = self._mover.fence() if jobs else None
         with self._lock:
             self._demoting = {s: f for s, f in self._demoting.items() if not f.done()}

@@ -29,6 +29,7 @@ import numpy as np
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.advisor import HitAdvisor
+from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.requests import PendingLoad, ReqState, tokens_by_tier
 from miniflex.cost import make_cost_model
 from miniflex.index import keys_to_array
@@ -109,11 +110,14 @@ class MiniFlexManager:
         ssd_slots: int = 0,
         chunk_bytes: int = 0,
         step_tokens: int = 0,
+        graphs: GraphRule = EAGER,
     ) -> None:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
-        ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown)."""
+        ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown);
+        ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them)."""
         self.config = config
         self.ns = ns
+        self.graphs = graphs
         self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
@@ -215,7 +219,10 @@ class MiniFlexManager:
         if hit:
             hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
-        if end <= num_computed:
+        if end <= num_computed or (
+            self.config.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
+        ):
+            # auto: an in-step load only overlaps a step that runs attention eagerly
             st.timing = LoadTiming.ASYNC
         return max(0, end - num_computed)
 
@@ -284,8 +291,10 @@ class MiniFlexManager:
         loads = [j for r in self._to_load if (j := self._load_job(r)) is not None]
         self._to_load.clear()
         jobs: list[TransferJob] = []
+        tokens: list[int] = []  # scheduled per request: may the step replay a full graph?
         self._step += 1
         for s in scheduled:
+            tokens.append(s.num_scheduled_tokens)
             st = self.state(s.req_id)
             self.advisor.note_scheduled(
                 self._step, st, s.num_scheduled_tokens, s.num_computed_tokens
@@ -306,8 +315,16 @@ class MiniFlexManager:
             self._clear_ssd = False
             jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
-        self.advisor.end_step(self._step, timed=not any(j.synchronous for j in loads))
-        return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted, step=self._step)
+        in_step = any(j.synchronous for j in loads)
+        self.advisor.end_step(self._step, timed=not in_step)
+        full_graph = in_step and self.graphs.may_replay_full(tokens)
+        return TransferPlan(
+            jobs=tuple(jobs),
+            release=release,
+            preempted=preempted,
+            step=self._step,
+            full_graph=full_graph,
+        )
 
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:
         """The workers' start-up load probes (see :class:`HitAdvisor`)."""
