@@ -255,6 +255,7 @@ class MiniFlexManager:
         st = self.state(req_id)
         st.block_ids = list(block_ids)
         self.advisor.record(st, self.stats)
+        self.tiers.touch(st.key_array)  # the whole prompt, vLLM's own hit included
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
         ct = self.ns.chunk_tokens

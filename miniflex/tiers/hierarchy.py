@@ -193,8 +193,9 @@ class TierStack:
         return self.ssd
 
     def release(self, sources: Sequence[ChunkSource], ok: bool, bad_keys: set[ChunkKey]) -> None:
-        """End a load: unpin; ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
-        for src in sources:
+        """End a load: unpin (the prefix's first chunk last: most recently used);
+        ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
+        for src in reversed(sources):
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok)
                 continue
@@ -205,13 +206,22 @@ class TierStack:
 
     def cancel(self, sources: Sequence[ChunkSource]) -> None:
         """Undo :meth:`acquire` for a load never sent: unpin; promotion slots are freed unread."""
-        for src in sources:
+        for src in reversed(sources):
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok=True)
             else:
                 assert self.ssd is not None
                 self.ssd.complete_load([src.ssd], ok=True)
                 self.cpu.complete_store([(src.key, src.cpu)], ok=False)
+
+    def touch(self, keys: np.ndarray) -> None:
+        """A request was admitted with these chunk keys (its prefix, in order): every tier
+        counts them as just used, a prefix's tail evicted before its head. Chunks that
+        vLLM itself still holds are touched too: a prefix hot on the GPU stays in CPU for
+        when vLLM evicts it."""
+        self.cpu.touch(keys)
+        if self.ssd is not None:
+            self.ssd.touch(keys)
 
     # ---- stores ----
     def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
