@@ -135,13 +135,16 @@ class CostModel:
         return self.prefill is not None
 
     # ---- predictions ----
-    def chunk_recompute_seconds(self) -> float | None:
-        """What computing one chunk's tokens costs: the fit's per-token term, or before a fit
-        the mean seconds per token of the prefill steps seen (None: none seen yet)."""
+    def chunk_recompute_seconds(self, end: int = 0) -> float | None:
+        """What computing one chunk's tokens costs: the fit's per-token term, plus its
+        attention term for the chunk that ends at token ``end`` (0: none, the cheapest
+        chunk); before a fit, the mean seconds per token of the prefill steps seen (None:
+        none seen yet)."""
+        ct = self.chunk_tokens
         if self.prefill is not None:
-            return self.prefill.per_token * self.chunk_tokens
+            return self.prefill.per_token * ct + self.prefill.per_pair * ct * max(0, end - ct / 2)
         tokens, seconds = self._prefill_totals
-        return seconds / tokens * self.chunk_tokens if tokens > 0 else None
+        return seconds / tokens * ct if tokens > 0 else None
 
     def chunk_load_seconds(self, tier: Tier) -> float:
         copy = self.chunk_bytes / self.bandwidth[Tier.CPU]

@@ -34,6 +34,7 @@ __all__ = [
     "block_hashes",
     "geometry_from_config",
     "graph_rule",
+    "max_model_len",
     "model_name",
     "page_order",
     "preempted_ids",
@@ -139,6 +140,12 @@ def reporting_workers(vllm_config: Any) -> int:
     if getattr(pc, "distributed_executor_backend", None) == "external_launcher":
         return 1
     return int(getattr(pc, "world_size", pc.tensor_parallel_size))
+
+
+def max_model_len(vllm_config: Any) -> int:
+    """The longest sequence the engine serves (0: unknown)."""
+    mc = getattr(vllm_config, "model_config", None)
+    return int(getattr(mc, "max_model_len", 0) or 0)
 
 
 def step_tokens(vllm_config: Any) -> int:

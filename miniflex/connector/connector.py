@@ -102,6 +102,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 geometry.chunk_bytes,
                 compat.step_tokens(vllm_config),
                 compat.graph_rule(vllm_config),
+                compat.max_model_len(vllm_config),
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             if self.config.status_file:

@@ -48,6 +48,7 @@ from miniflex.plan import (
 )
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
+from miniflex.tiers.admission import SSDAdmission
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
@@ -111,10 +112,12 @@ class MiniFlexManager:
         chunk_bytes: int = 0,
         step_tokens: int = 0,
         graphs: GraphRule = EAGER,
+        max_model_len: int = 0,
     ) -> None:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
         ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown);
-        ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them)."""
+        ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them);
+        ``max_model_len``: the longest prompt (its last chunk costs most to recompute)."""
         self.config = config
         self.ns = ns
         self.graphs = graphs
@@ -132,6 +135,10 @@ class MiniFlexManager:
             ),
             wait_budget=self.advisor.write_wait_budget,
             recompute_seconds=self.cost.chunk_recompute_seconds,
+            admission=SSDAdmission(
+                self._disk_chunk_seconds,
+                lambda: self.cost.chunk_recompute_seconds(max_model_len),
+            ),
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
@@ -144,6 +151,15 @@ class MiniFlexManager:
         self._clear_ssd = False
         self.stats = TransferStats()  # since the last get_kv_connector_stats
         self.totals = TransferStats()  # before that
+
+    def _disk_chunk_seconds(self) -> float:
+        """Loading one chunk from SSD: the faster of the cost model's read estimate and the
+        writes seen (a disk reads about as fast as it writes, or faster), plus the copy."""
+        load = self.cost.chunk_load_seconds(Tier.SSD)
+        written = self.tiers.write_seconds
+        if written is None:
+            return load
+        return min(load, written + self.cost.chunk_load_seconds(Tier.CPU))
 
     @property
     def cpu(self) -> SlotTier:
@@ -346,6 +362,7 @@ class MiniFlexManager:
     def _demote_job(self) -> TransferJob | None:
         copies = self.tiers.take_demotions()
         self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
+        self.stats.demotions_declined += self.tiers.take_declined_demotions()
         return self._system_job(JobKind.DEMOTE, tuple(copies)) if copies else None
 
     def _system_job(self, kind: JobKind, copies: tuple[SlotCopy, ...]) -> TransferJob:
@@ -470,6 +487,8 @@ class MiniFlexManager:
                 self.tiers.complete_store(rec.placed, rec.ok)
                 if st is not None:
                     st.store_jobs.discard(r.job_id)
+                    # a prompt stored over several steps: its head becomes the most recent
+                    self.tiers.touch(st.key_array[: st.stored_chunks])
                 if rec.ok:
                     self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens
             else:
@@ -592,6 +611,7 @@ class MiniFlexManager:
             "cost_model": {
                 "hit_policy": self.config.hit_policy,
                 "calibrated": cost.calibrated,
+                "ssd_admits": self.tiers.ssd_pays_off if self.ssd is not None else None,
                 "observed_steps": cost.observed_steps,
                 "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
                 "layerwise_load_GBps": None
