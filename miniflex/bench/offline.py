@@ -44,6 +44,7 @@ class EngineSettings:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
+    eager: bool = False  # enforce_eager; False: torch.compile and CUDA graphs, vLLM's default
 
     @property
     def capacity_tokens(self) -> int:
@@ -53,7 +54,7 @@ class EngineSettings:
         args: dict[str, Any] = {
             "skip_tokenizer_init": True,
             "dtype": "bfloat16",
-            "enforce_eager": True,
+            "enforce_eager": self.eager,
             "seed": 0,
             "enable_prefix_caching": True,
             # Stats on: the native connector's hits come from vLLM's counters, and the engine
