@@ -28,6 +28,9 @@
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
 # commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
 # arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
+# LMCache is a row of its own with e.g. CONFIGS=apc,miniflex-cpu,native,lmcache once it is
+# importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
+# after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
 USAGE="usage: bash bench/run_h200.sh ttft|burst|overflow|mixed|overhead|multiturn|ssd|all OUT_DIR"
 PART="${1:?$USAGE}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from miniflex.bench.base import Log, Workload
-from miniflex.bench.configs import LMCACHE_LEFT_OUT
+from miniflex.bench.configs import LMCACHE_NOT_RUN
 from miniflex.bench.driver import Driver
 from miniflex.bench.plot import save_plot
 from miniflex.bench.report import format_table, write_json
@@ -93,8 +93,6 @@ def run_side_by_side(
                 _write(w, results[w.name], outputs, context, partial=True)
     for w in workloads:
         _finish(w, results[w.name], outputs, context, partial=interrupted)
-    if all(c.name != "lmcache" for c in candidates):
-        print(f"\nlmcache: {LMCACHE_LEFT_OUT}")  # so that every run's output says why
     return not interrupted and not any(r.failed for r in results.values())
 
 
@@ -147,6 +145,13 @@ def _run_candidate(
             log(f"{cand.name} did not shut down cleanly: {exc!r}")
 
 
+def _left_out(res: _Result) -> dict[str, str]:
+    """Why LMCache has no row in this workload's results (empty: it has one, or failed)."""
+    if "lmcache" in res.failed or any(r.get("config") == "lmcache" for r in res.rows):
+        return {}
+    return {"lmcache": res.skipped.get("lmcache", LMCACHE_NOT_RUN)}
+
+
 def _write(
     w: Workload, res: _Result, outputs: Outputs, context: dict[str, Any], partial: bool
 ) -> dict[str, Any]:
@@ -161,7 +166,7 @@ def _write(
         "summary": w.summary(res.rows, context) if res.rows else {"lines": []},
         "skipped": res.skipped,
         "failed": res.failed,
-        "left_out": {"lmcache": LMCACHE_LEFT_OUT},
+        "left_out": _left_out(res),
         "samples": res.samples,
     }
     write_json(outputs.json_for(w.name), payload)
