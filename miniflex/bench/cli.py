@@ -179,7 +179,7 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         eager=args.eager,
     )
     ssd_dir = None
-    if any(c.name in ("miniflex-ssd", "native-fs") for c in configs):
+    if any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):
         # A fresh directory each run: MiniFlex serves chunks it finds on SSD after a restart.
         base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
         ssd_dir = tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)

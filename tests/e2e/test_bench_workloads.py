@@ -204,3 +204,15 @@ def test_ttft_evict_cpu_leaves_the_prompt_on_ssd_only(
     assert row["resident"] == "ssd=640" and row["tiers"] == f"ssd={expected_hit(640)}"
     assert row["ext_hit"] == expected_hit(640) and row["vllm_hit"] == 0
     assert row["load"] == "async" and row["same_token"]
+
+
+def test_a_variant_of_miniflex_ssd_gets_its_ssd_directory(tiny_model: Path, tmp_path: Path) -> None:
+    proc = run_bench(
+        "burst",
+        *("--configs", "miniflex-ssd+load_mode=async", "--model", str(tiny_model)),
+        *("--block-size", "32", "--gpu-blocks", "200", "--ssd-dir", str(tmp_path), "--dry-run"),
+        timeout=300,
+    )
+    plan = json.loads(proc.stdout)
+    extra = plan["kv_transfer"]["miniflex-ssd+load_mode=async"]["kv_connector_extra_config"]
+    assert extra["ssd_dirs"].startswith(str(tmp_path)) and extra["load_mode"] == "async"
