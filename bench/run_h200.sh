@@ -12,7 +12,7 @@
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
 # `miniflex bench` run that starts each configuration once (about 150 s for the first
 # engine, which compiles, and 40-60 s for the next ones, from vLLM's compile cache).
-# Results: OUT_DIR/<workload>-h200.json and .png per workload, OUT_DIR/<part>.txt (the
+# Results: OUT_DIR/<workload>/h200.json and .png per workload, OUT_DIR/<part>.txt (the
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
 # limit (LIMIT_S, default 900 s) still prints and writes what it measured, marked partial.
 # ttft also runs the decode workload on the same engines (decode throughput with no reuse:
@@ -24,7 +24,7 @@
 # (default APC alone, MiniFlex's CPU tier and the native connector). ssd serves 8k and 30k prompts
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
-# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft-ssd-resident-h200.json.
+# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
 # commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
 # arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
@@ -108,7 +108,7 @@ case "$PART" in
     # prompt into it); fillers worth 7.5 GiB of KV push it out to disk before each hit. One
     # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
     CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
-      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft-ssd-resident-h200.json" ;;
+      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/h200-ssd-resident.json" ;;
   all)
     status=0
     for p in ttft burst overflow mixed overhead multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done

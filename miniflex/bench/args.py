@@ -39,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _workloads(p.add_argument_group("workloads"))
     o = p.add_argument_group("output")
     o.add_argument("--out-dir", default="bench/results", help="JSON and PNG per workload")
-    o.add_argument("--tag", default="", help="file name suffix: <workload>-<tag>.json")
+    o.add_argument(
+        "--tag", default="", help="file name: <out-dir>/<workload>/<tag>.json (default: run)"
+    )
     o.add_argument("--json", help="JSON path (one workload only; the PNG goes beside it)")
     o.add_argument(
         "--dry-run", action="store_true", help="check the arguments, print the engine settings"

@@ -38,7 +38,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Outputs:
-    """Where each workload's JSON and PNG go: ``DIR/<workload>[-TAG].json`` / ``.png``."""
+    """Where each workload's JSON and PNG go: ``DIR/<workload>/<TAG>.json`` / ``.png`` (TAG
+    ``run`` when none is given), e.g. ``bench/results/burst/h200.json``."""
 
     out_dir: Path
     tag: str = ""
@@ -47,7 +48,7 @@ class Outputs:
     def json_for(self, workload: str) -> Path:
         if self.json_path is not None:
             return self.json_path
-        return self.out_dir / (workload + (f"-{self.tag}" if self.tag else "") + ".json")
+        return self.out_dir / workload / f"{self.tag or 'run'}.json"
 
     def png_for(self, workload: str) -> Path:
         return self.json_for(workload).with_suffix(".png")
@@ -157,7 +158,6 @@ def _write(
 ) -> dict[str, Any]:
     payload = {
         "workload": w.name,
-        "json_path": str(outputs.json_for(w.name)),
         "title": w.title,
         "partial": partial,
         "params": w.params(),

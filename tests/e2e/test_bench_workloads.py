@@ -64,7 +64,7 @@ def run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 
 
 def load(out: Path, workload: str) -> dict:
-    return json.loads((out / f"{workload}-smoke.json").read_text())
+    return json.loads((out / workload / "smoke.json").read_text())
 
 
 def test_each_workload_prints_a_table_and_writes_json_and_a_plot(run) -> None:
@@ -79,7 +79,7 @@ def test_each_workload_prints_a_table_and_writes_json_and_a_plot(run) -> None:
         assert "CPU backend" in payload["skipped"]["native"]
         assert "lmcache" in payload["left_out"]
         assert payload["context"]["backend"] == "cpu"
-        png = out / f"{w}-smoke.png"
+        png = out / w / "smoke.png"
         assert png.exists() or importlib.util.find_spec("matplotlib") is None
 
 
