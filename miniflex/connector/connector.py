@@ -224,6 +224,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         hooks, self.hook_seconds, self._thread_cpu = self.hook_seconds, 0.0, 0.0
         return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes, hooks, cpu)
 
+    @timed_hook
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33+, before sleep mode unmaps the KV cache: no copy may touch it after this.
+        Waking up (``restore_kv_caches``) maps it back at the same addresses: nothing to redo."""
+        self.handler.drain()
+
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.shutdown()
