@@ -32,6 +32,7 @@ from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.prom import MiniFlexPromMetrics
+from miniflex.connector.requests import load_tokens_by_tier
 from miniflex.connector.stats import MiniFlexConnectorStats
 from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
@@ -52,6 +53,8 @@ CLOCK_REPORT_S = 0.01
 
 class MiniFlexConnector(KVConnectorBase_V1):
     """Tiered KV cache (pinned CPU, optional SSD) behind vLLM's V1 connector API."""
+
+    _cache_hit_source = compat.hit_source("host")  # vLLM 0.32+; per hit: the hook below
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -221,6 +224,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         hooks, self.hook_seconds, self._thread_cpu = self.hook_seconds, 0.0, 0.0
         return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes, hooks, cpu)
 
+    @timed_hook
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33+, before sleep mode unmaps the KV cache: no copy may touch it after this.
+        Waking up (``restore_kv_caches``) maps it back at the same addresses: nothing to redo."""
+        self.handler.drain()
+
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.shutdown()
@@ -261,6 +270,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.manager.on_alloc(
             request.request_id, compat.request_block_ids(blocks), num_external_tokens
         )
+
+    @timed_hook
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
+        """vLLM 0.32+, after ``update_state_after_alloc``: the hit split by the tier each
+        token loads from (host: CPU, disk: SSD), for ``vllm:prompt_tokens_cached_by_source``."""
+        load = self.manager.state(request.request_id).load
+        split = load_tokens_by_tier(load, num_external_tokens, self.geometry.chunk_tokens)
+        return compat.cache_hit_sources(split)
 
     @timed_hook
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:

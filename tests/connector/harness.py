@@ -117,6 +117,8 @@ class Harness:
     mover: GatedMover
     requests: dict[str, Request]
     kv_stats: list[dict] = field(default_factory=list)
+    scheduler_stats: list = field(default_factory=list)
+    """Every ``SchedulerStats`` vLLM handed its stats loggers, in order."""
     params: dict[str, dict] = field(default_factory=dict)  # finished request -> kv_transfer_params
     cached_tokens: dict[str, int] = field(default_factory=dict)
     """Request -> the prompt tokens vLLM reports as not computed (its ``num_cached_tokens``)."""
@@ -189,6 +191,8 @@ class Harness:
             ),
         )
         for eco in outputs.values():  # what vLLM hands its stats loggers
+            if eco.scheduler_stats is not None:
+                self.scheduler_stats.append(eco.scheduler_stats)
             stats = eco.scheduler_stats.kv_connector_stats if eco.scheduler_stats else None
             if stats:
                 self.kv_stats.append(stats)
@@ -198,6 +202,16 @@ class Harness:
                 if o.kv_transfer_params:
                     self.params[o.request_id] = o.kv_transfer_params
         return so
+
+    def hits_by_source(self) -> dict[str, int]:
+        """Connector hit tokens by source as vLLM 0.32+ counts them for
+        ``vllm:prompt_tokens_cached_by_source`` ("host", "disk", ...), summed over steps."""
+        out: dict[str, int] = {}
+        for s in self.scheduler_stats:
+            pcs = s.connector_prefix_cache_stats
+            for source, n in getattr(pcs, "hits_by_source", {}).items():
+                out[source.value] = out.get(source.value, 0) + n
+        return out
 
     def cached_in_miniflex_only(self, req_id: str, tokens: list[int]) -> int:
         """Serve a prompt, then drop vLLM's own copy; returns the free block count after."""
