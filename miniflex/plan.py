@@ -174,3 +174,6 @@ class LoadProbe:
     num_bytes: int
     load_seconds: float
     layerwise_seconds: float
+    ssd_read_bps: float | None = None
+    """Bytes/s this worker's SSD tier read chunks back at (:mod:`miniflex.ssd.read_probe`);
+    None: no SSD tier, or the probe could not run."""

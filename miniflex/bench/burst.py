@@ -127,8 +127,10 @@ class BurstWorkload(Workload):
             ax2.plot(xs, [r["cached_pct"] for r in mine], marker="o", label=name)
         ax1.set_ylabel("output tokens/s")
         ax2.set_ylabel("prompt tokens from cache (%)")
+        rounds = sorted({r["round"] + 1 for r in rows})
         for ax in (ax1, ax2):
             ax.set_xlabel("round")
+            ax.set_xticks(rounds)
         ax1.legend(fontsize=8)
         fig.suptitle(self.title, fontsize=10)
 

@@ -136,7 +136,7 @@ class MiniFlexManager:
             wait_budget=self.advisor.write_wait_budget,
             recompute_seconds=self.cost.chunk_recompute_seconds,
             admission=SSDAdmission(
-                self._disk_chunk_seconds,
+                self.cost.ssd_chunk_seconds,
                 lambda: self.cost.chunk_recompute_seconds(max_model_len),
             ),
         )
@@ -151,15 +151,6 @@ class MiniFlexManager:
         self._clear_ssd = False
         self.stats = TransferStats()  # since the last get_kv_connector_stats
         self.totals = TransferStats()  # before that
-
-    def _disk_chunk_seconds(self) -> float:
-        """Loading one chunk from SSD: the faster of the cost model's read estimate and the
-        writes seen (a disk reads about as fast as it writes, or faster), plus the copy."""
-        load = self.cost.chunk_load_seconds(Tier.SSD)
-        written = self.tiers.write_seconds
-        if written is None:
-            return load
-        return min(load, written + self.cost.chunk_load_seconds(Tier.CPU))
 
     @property
     def cpu(self) -> SlotTier:

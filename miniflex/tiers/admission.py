@@ -10,13 +10,12 @@ recomputing even the most expensive chunk the engine can compute (the last one
 of its longest prompt, where attention costs most). Then the hierarchy behaves
 as if there were no SSD tier: no write-back, no CPU slots set aside for it.
 
-The disk's speed is the faster of two estimates: the cost model's SSD read
-bandwidth (seeded from ``ssd_read_gbps`` or its default, then learned from
-reads) and the write speed seen in write-back jobs (a disk that writes a chunk
-in ``w`` seconds reads it in about that or less). While admission is off, one
-chunk is still written every ``PROBE_EVERY_S``, so that a disk that got faster
-(a neighbour's load gone) is noticed. Before the cost model has seen a prefill
-step, nothing is known, and everything is admitted.
+The disk's speed is the cost model's SSD read bandwidth once it is measured:
+by the workers' start-up read probe (:mod:`miniflex.ssd.read_probe`), given as
+``ssd_read_gbps``, or seen in real reads. Its default guess is never used here,
+and before a measurement, or before the cost model has seen a prefill step,
+everything is admitted. While admission is off, one chunk is still written
+every ``PROBE_EVERY_S``.
 
 Example::
 
