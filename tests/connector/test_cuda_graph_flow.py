@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import Request, RequestStatus
 
 from miniflex.connector import MiniFlexConnector
 from miniflex.plan import JobKind, LoadTiming
@@ -40,6 +40,15 @@ def start_decoding(h: Harness, n: int = 2) -> None:
     assert h.modes[-1] == "FULL"  # decoding alone replays full graphs
 
 
+def hit_among_decodes(tmp_path: Path, mode: str, prompt: list[int]) -> tuple[Harness, Request]:
+    """``prompt`` cached in MiniFlex only, then sent again beside two decoding requests,
+    under vLLM's default CUDA graphs; returns the harness and that request."""
+    h = make_harness(tmp_path / "model", load_mode=mode, cudagraphs="FULL_AND_PIECEWISE")
+    h.cached_in_miniflex_only("warm", prompt)
+    start_decoding(h)
+    return h, h.add("c", prompt, max_tokens=3)
+
+
 @pytest.mark.parametrize("mode", ["auto", "layerwise", "sync", "async"])
 def test_vllm_keeps_full_cuda_graphs_whatever_the_load_mode(mode: str) -> None:
     assert MiniFlexConnector.requires_piecewise_for_cudagraph({"load_mode": mode}) is False
@@ -48,11 +57,7 @@ def test_vllm_keeps_full_cuda_graphs_whatever_the_load_mode(mode: str) -> None:
 def test_auto_loads_a_whole_prompt_hit_async_among_decodes(tmp_path: Path) -> None:
     """A hit of all but the last token leaves one token to compute: beside decodes that
     step replays a full graph, so ``auto`` loads it before, never inside, the step."""
-    h = make_harness(tmp_path / "model", load_mode="auto", cudagraphs="FULL_AND_PIECEWISE")
-    prompt = tokens(1, 5 * CHUNK + 1)
-    h.cached_in_miniflex_only("warm", prompt)
-    start_decoding(h)
-    c = h.add("c", prompt, max_tokens=3)
+    h, c = hit_among_decodes(tmp_path, "auto", tokens(1, 5 * CHUNK + 1))
     so = h.step()
     assert [j.timing for j in load_jobs(h, so)] == [LoadTiming.ASYNC]
     for _ in range(3):
@@ -69,11 +74,7 @@ def test_an_in_step_load_in_a_full_graph_step_is_waited_for_before_the_forward(
 ) -> None:
     """Asked for explicitly, an in-step load may land in a step replayed as a full graph:
     the plan says so, and the worker orders the whole forward after the load."""
-    h = make_harness(tmp_path / "model", load_mode=mode, cudagraphs="FULL_AND_PIECEWISE")
-    prompt = tokens(2, 5 * CHUNK + 1)
-    h.cached_in_miniflex_only("warm", prompt)
-    start_decoding(h)
-    c = h.add("c", prompt, max_tokens=3)
+    h, c = hit_among_decodes(tmp_path, mode, tokens(2, 5 * CHUNK + 1))
     h.mover.log.clear()
     so = h.step()
     assert [j.timing for j in load_jobs(h, so)] == [LoadTiming(mode)]
@@ -90,11 +91,7 @@ def test_an_in_step_load_in_a_full_graph_step_is_waited_for_before_the_forward(
 def test_auto_still_loads_layer_by_layer_in_a_prefill_step(tmp_path: Path) -> None:
     """A hit followed by real prefill makes a mixed batch (piecewise graphs, hooks run):
     ``auto`` keeps overlapping the load with that computation."""
-    h = make_harness(tmp_path / "model", load_mode="auto", cudagraphs="FULL_AND_PIECEWISE")
-    prompt = tokens(3, 5 * CHUNK + 10)
-    h.cached_in_miniflex_only("warm", prompt)
-    start_decoding(h)
-    c = h.add("c", prompt, max_tokens=2)
+    h, c = hit_among_decodes(tmp_path, "auto", tokens(3, 5 * CHUNK + 10))
     so = h.step()
     assert [j.timing for j in load_jobs(h, so)] == [LoadTiming.LAYERWISE]
     assert h.modes[-1] == "PIECEWISE"
