@@ -1,6 +1,6 @@
 """Torch mover bandwidth (vLLM CPU backend) against the memcpy ceiling of the same machine.
 
-    python -m bench.cpu_mover_bench [--json bench/results/cpu_mover.json]
+    python -m bench.cpu_mover_bench [--json bench/results/components/cpu_mover.json]
 
 For each chunk size, stores then loads 256 MiB worth of chunks between a
 vLLM-shaped paged KV cache (LBHNC, bf16, random block ids) and the host pool,

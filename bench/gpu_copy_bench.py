@@ -1,6 +1,6 @@
 """GPU <-> CPU-pool bandwidth of each mover against the pinned ``copy_`` ceiling, and its SM cost.
 
-    python -m bench.gpu_copy_bench [--json bench/results/gpu_copy_h200.json]
+    python -m bench.gpu_copy_bench [--json bench/results/components/gpu_copy_h200.json]
 
 A Qwen3-8B-shaped KV cache (36 layers, 8 KV heads of 128, bf16, block 16,
 ``--blocks`` blocks per layer, LBHNC) on the GPU and a pinned, mapped pool.

@@ -6,25 +6,35 @@
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
 #   bash bench/run_h200.sh PART OUT_DIR
-#   PART: ttft | overflow | mixed | overhead | multiturn | ssd | all
+#   PART: ttft | burst | overflow | mixed | overhead | multiturn | ssd | all
 #
-# Each PART is one `miniflex bench` run that starts each configuration once (about 45-60 s
-# each, eager mode) and stays within about 9 minutes; `all` runs every part in a row.
-# Results: OUT_DIR/<workload>-h200.json and .png per workload, OUT_DIR/<part>.txt (the
+# Engines run as users run them: torch.compile and CUDA graphs (vLLM's default,
+# FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
+# `miniflex bench` run that starts each configuration once (about 150 s for the first
+# engine, which compiles, and 40-60 s for the next ones, from vLLM's compile cache).
+# Results: OUT_DIR/<workload>/h200.json and .png per workload, OUT_DIR/<part>.txt (the
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
-# limit (LIMIT_S, default 500 s) still prints and writes what it measured, marked partial.
+# limit (LIMIT_S, default 900 s) still prints and writes what it measured, marked partial.
+# ttft also runs the decode workload on the same engines (decode throughput with no reuse:
+# 32 x 512 tokens and 2 x 12,000 tokens, 256 out). burst sends 96 requests over 12 shared
+# 4k-token prefixes at once, three rounds, with 6 GiB of CPU tier for every connector
+# (MiniFlex CPU+SSD too) and vLLM's KV below four prefixes.
 # multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
 # MiniFlex's CPU tier with load_mode sync, layerwise and async). overhead runs OH_CONFIGS
 # (default APC alone, MiniFlex's CPU tier and the native connector). ssd serves 8k and 30k prompts
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
-# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft-ssd-resident-h200.json.
-# Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, EXTRA_ARGS (more
-# `miniflex bench` arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
+# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
+# Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
+# commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
+# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
+# LMCache is a row of its own with e.g. CONFIGS=apc,miniflex-cpu,native,lmcache once it is
+# importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
+# after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|overflow|mixed|overhead|multiturn|ssd|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|burst|overflow|mixed|overhead|multiturn|ssd|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|overflow|mixed|overhead|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|burst|overflow|mixed|overhead|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -34,7 +44,7 @@ CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async}"
 OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native}"
 SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
-LIMIT_S="${LIMIT_S:-500}"
+LIMIT_S="${LIMIT_S:-900}"
 
 VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
 if ! "$PY" -c "$VERSIONS"; then
@@ -47,6 +57,7 @@ COMMON=(
   --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16
   --max-num-batched-tokens 8192 --out-dir "$OUT" --tag h200
 )
+if [ -n "${COMMIT:-}" ]; then COMMON+=(--commit "$COMMIT"); fi
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
@@ -69,8 +80,15 @@ run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
 }
 
 case "$PART" in
-  ttft)  # 2100 blocks = 33,600 tokens: one 30k prompt fits, and so does its GPU-hit rerun
-    run_part ttft ttft --gpu-blocks 2100 --ttft-prompts 1024,8192,30000 --repeat 3 ;;
+  ttft)  # 2100 blocks = 33,600 tokens: one 30k prompt fits, and so does its GPU-hit rerun;
+    # so do the decode batches (24.6k and 24.5k tokens with their outputs)
+    run_part ttft ttft,decode --gpu-blocks 2100 --ttft-prompts 1024,8192,30000 --repeat 3 \
+      --max-num-seqs 32 --decode-cases 32x512x256,2x12000x256 --decode-rounds 3 ;;
+  burst)  # 900 blocks = 14,400 tokens: under four 4k prefixes; 6 GiB of CPU tier holds
+    # about 10.7 of the 12 (144 KiB a token), the same bytes for every connector
+    run_part burst burst --gpu-blocks 900 --max-num-seqs 64 --cpu-bytes 6GiB \
+      --ssd-cpu-bytes 6GiB --ssd-bytes 40GiB --burst-prefixes 12 --burst-prefix-tokens 4096 \
+      --burst-requests 96 --burst-max-tokens 64 --burst-rounds 3 ;;
   overflow)  # 1024 blocks = 16,384 tokens; 4k-token prompts: 2 to 12 of them
     run_part overflow overflow --gpu-blocks 1024 --overflow-prompt-tokens 4096 \
       --overflow-ratios 0.5,1,1.5,2,3 ;;
@@ -90,10 +108,10 @@ case "$PART" in
     # prompt into it); fillers worth 7.5 GiB of KV push it out to disk before each hit. One
     # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
     CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
-      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft-ssd-resident-h200.json" ;;
+      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/h200-ssd-resident.json" ;;
   all)
     status=0
-    for p in ttft overflow mixed overhead multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    for p in ttft burst overflow mixed overhead multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
     exit "$status" ;;
   *)
     echo "$USAGE" >&2

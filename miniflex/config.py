@@ -343,7 +343,11 @@ _SPECS: dict[str, _Spec] = {
     "ssd_read_gbps": _Spec(
         _parse_auto_float,
         None,
-        "Cost model: SSD -> CPU pool read bandwidth in GB/s. `auto`: learned from reads.",
+        "Cost model: SSD -> CPU pool read bandwidth in GB/s. It also decides admission: while "
+        "reading a chunk back is predicted slower than recomputing the costliest chunk, "
+        "evicted chunks are not written to SSD (one probe write every 10 s; counted in "
+        "`demotions_declined`). `auto`: measured at start-up (each worker reads back up to "
+        "256 MiB from a scratch file beside its store), then learned from reads.",
         "auto",
     ),
     "prefill_tokens_per_s": _Spec(

@@ -122,6 +122,9 @@ class CostModel:
         self.bandwidth = {Tier.CPU: 10e9, Tier.SSD: 1e9, **(bandwidth or {})}
         self.layerwise_bandwidth: float | None = None  # learned from layerwise loads
         self._fixed_bw = fixed_bandwidth
+        self.ssd_measured = Tier.SSD in fixed_bandwidth
+        """Whether the SSD read bandwidth is known (configured, probed or seen in reads),
+        not the default guess."""
         self._fixed_prefill = prefill is not None
         self.prefill = prefill
         self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=WINDOW)
@@ -135,13 +138,16 @@ class CostModel:
         return self.prefill is not None
 
     # ---- predictions ----
-    def chunk_recompute_seconds(self) -> float | None:
-        """What computing one chunk's tokens costs: the fit's per-token term, or before a fit
-        the mean seconds per token of the prefill steps seen (None: none seen yet)."""
+    def chunk_recompute_seconds(self, end: int = 0) -> float | None:
+        """What computing one chunk's tokens costs: the fit's per-token term, plus its
+        attention term for the chunk that ends at token ``end`` (0: none, the cheapest
+        chunk); before a fit, the mean seconds per token of the prefill steps seen (None:
+        none seen yet)."""
+        ct = self.chunk_tokens
         if self.prefill is not None:
-            return self.prefill.per_token * self.chunk_tokens
+            return self.prefill.per_token * ct + self.prefill.per_pair * ct * max(0, end - ct / 2)
         tokens, seconds = self._prefill_totals
-        return seconds / tokens * self.chunk_tokens if tokens > 0 else None
+        return seconds / tokens * ct if tokens > 0 else None
 
     def chunk_load_seconds(self, tier: Tier) -> float:
         copy = self.chunk_bytes / self.bandwidth[Tier.CPU]
@@ -200,7 +206,21 @@ class CostModel:
         if tier in self._fixed_bw or nbytes <= 0 or seconds <= 0:
             return
         old = self.bandwidth[tier]
+        if tier is Tier.SSD and not self.ssd_measured:
+            old, self.ssd_measured = nbytes / seconds, True  # the first read replaces the guess
         self.bandwidth[tier] = (1 - EWMA) * old + EWMA * (nbytes / seconds)
+
+    def start_ssd_from_probe(self, read_bps: float) -> None:
+        """The disk's read speed as measured at start-up (unless ``ssd_read_gbps`` fixes it)."""
+        if Tier.SSD in self._fixed_bw or read_bps <= 0:
+            return
+        self.bandwidth[Tier.SSD] = read_bps
+        self.ssd_measured = True
+
+    def ssd_chunk_seconds(self) -> float | None:
+        """Loading one chunk from SSD (read, then the copy into vLLM's cache); None while the
+        disk's read speed is only the default guess."""
+        return self.chunk_load_seconds(Tier.SSD) if self.ssd_measured else None
 
     def start_from_probe(self, load_bps: float, layerwise_bps: float) -> None:
         """Both CPU load paths as measured at start-up (unless ``cpu_load_gbps`` fixes them)."""

@@ -133,6 +133,10 @@ class TransferPlan:
     """Requests whose blocks vLLM freed this step: their stores must finish before compute."""
     step: int = 0
     """The engine step this plan belongs to (workers report its forward time by it)."""
+    full_graph: bool = False
+    """The step may replay a full CUDA graph, which skips ``wait_for_layer_load``: a worker
+    orders the forward after the step's in-step loads before it starts
+    (:mod:`miniflex.connector.cuda_graphs`)."""
 
     def jobs_of(self, kind: JobKind) -> tuple[TransferJob, ...]:
         return tuple(j for j in self.jobs if j.kind is kind)
@@ -170,3 +174,6 @@ class LoadProbe:
     num_bytes: int
     load_seconds: float
     layerwise_seconds: float
+    ssd_read_bps: float | None = None
+    """Bytes/s this worker's SSD tier read chunks back at (:mod:`miniflex.ssd.read_probe`);
+    None: no SSD tier, or the probe could not run."""

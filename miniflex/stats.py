@@ -39,6 +39,7 @@ class TransferStats:
     promoted_chunks: int = 0  # read SSD -> CPU for a load
     demoted_chunks: int = 0  # written CPU -> SSD (write-back or write-through)
     demotions_skipped: int = 0  # evicted from CPU unwritten: ssd_write_backlog was full
+    demotions_declined: int = 0  # evicted from CPU unwritten: the disk is slower than recompute
     ssd_read_failures: int = 0  # checksum mismatch or I/O error: recomputed, dropped
     ssd_write_failures: int = 0  # disk full or I/O error: the chunk is not kept on SSD
     cost_decisions: int = 0  # loads decided by the calibrated cost model
@@ -67,6 +68,7 @@ class TransferStats:
         "promoted_chunks",
         "demoted_chunks",
         "demotions_skipped",
+        "demotions_declined",
         "ssd_read_failures",
         "ssd_write_failures",
         "cost_decisions",

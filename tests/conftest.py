@@ -15,6 +15,15 @@ import pytest
 from miniflex.ssd.files import supports_direct
 
 
+def pytest_report_header() -> str:
+    """Which vLLM the run imports, and from where (the version matrix checks this line)."""
+    try:
+        import vllm
+    except ImportError:
+        return "vllm: not installed"
+    return f"vllm {vllm.__version__} from {Path(vllm.__file__).parent}"
+
+
 @contextlib.contextmanager
 def o_direct_dir(preferred: Path) -> Iterator[Path]:
     """``preferred`` if its file system accepts O_DIRECT, else a fresh dir in /var/tmp."""

@@ -9,15 +9,23 @@ from __future__ import annotations
 import argparse
 
 from miniflex.bench.configs import CONFIGS
+from miniflex.bench.decode import DEFAULT_CASES, DecodeCase
 from miniflex.bench.soak_args import add_soak_arguments
 
 __all__ = ["WORKLOADS", "add_arguments"]
 
-WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "soak")
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "decode", "burst", "soak")
 
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _cases(text: str) -> tuple[DecodeCase, ...]:
+    try:
+        return tuple(DecodeCase.parse(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -28,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add every ``miniflex bench`` option to ``p`` (the ``bench`` subparser)."""
     p.add_argument(
         "workloads",
-        help="ttft, overflow, mixed, overhead, multiturn, or several comma-separated; or soak "
-        "(alone: it starts its own servers)",
+        help=", ".join(WORKLOADS) + ", or several comma-separated (soak alone: it starts its "
+        "own servers)",
     )
     _engines(p.add_argument_group("engines"))
     _tiers(p.add_argument_group("tiers (default: sized from the workloads)"))
@@ -37,10 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_soak_arguments(p.add_argument_group("soak (miniflex/bench/soak.py)"))
     o = p.add_argument_group("output")
     o.add_argument("--out-dir", default="bench/results", help="JSON and PNG per workload")
-    o.add_argument("--tag", default="", help="file name suffix: <workload>-<tag>.json")
+    o.add_argument(
+        "--tag", default="", help="file name: <out-dir>/<workload>/<tag>.json (default: run)"
+    )
     o.add_argument("--json", help="JSON path (one workload only; the PNG goes beside it)")
     o.add_argument(
         "--dry-run", action="store_true", help="check the arguments, print the engine settings"
+    )
+    o.add_argument(
+        "--commit", help="the commit measured, recorded in the JSON (default: git's HEAD here)"
     )
 
 
@@ -72,6 +85,12 @@ def _engines(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-num-seqs", type=int, default=16)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument(
+        "--eager",
+        action="store_true",
+        help="enforce_eager: no torch.compile, no CUDA graphs (default: vLLM's defaults, as "
+        "users run it)",
+    )
 
 
 def _tiers(t: argparse._ArgumentGroup) -> None:
@@ -121,5 +140,21 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--multiturn-prefix-tokens", type=int, default=20000, help="the history")
     w.add_argument("--multiturn-new-tokens", type=int, default=4096, help="the next turn's")
     w.add_argument("--multiturn-repeat", type=int, default=1, help="conversations (median)")
+    w.add_argument(
+        "--decode-cases",
+        type=_cases,
+        default=DEFAULT_CASES,
+        help="decode: PROMPTSxTOKENSxOUT, comma-separated (default 32x512x256,2x12000x256)",
+    )
+    w.add_argument("--decode-rounds", type=int, default=3, help="decode: rounds (median)")
+    w.add_argument("--burst-prefixes", type=int, default=12)
+    w.add_argument("--burst-prefix-tokens", type=int, default=4096)
+    w.add_argument("--burst-suffix-tokens", type=int, default=64)
+    w.add_argument("--burst-requests", type=int, default=96, help="burst: requests per round")
+    w.add_argument("--burst-max-tokens", type=int, default=64)
+    w.add_argument("--burst-rounds", type=int, default=3)
+    w.add_argument(
+        "--burst-rate", type=float, default=0.0, help="burst: requests/s (0: all at once)"
+    )
     w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
     w.add_argument("--vocab-size", type=int, default=32000, help="with --url and no --model")

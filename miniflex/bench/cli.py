@@ -19,16 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from miniflex.bench.args import WORKLOADS
 from miniflex.bench.base import Workload
-from miniflex.bench.configs import CONFIGS, EngineConfig, TierSizes, parse_configs
+from miniflex.bench.burst import BurstWorkload
+from miniflex.bench.configs import Connector, EngineConfig, TierSizes, parse_configs
+from miniflex.bench.decode import DecodeWorkload
 from miniflex.bench.mixed import MixedWorkload
 from miniflex.bench.model import ModelShape, PromptMaker
 from miniflex.bench.multiturn import MultiturnWorkload
 from miniflex.bench.overflow import OverflowWorkload
 from miniflex.bench.overhead import OverheadWorkload
+from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress
 from miniflex.bench.runner import Candidate, Outputs, run_side_by_side
 from miniflex.bench.ttft import TTFTWorkload
-from miniflex.config import parse_size
+from miniflex.config import MiniFlexConfig, parse_size
 from miniflex.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -92,6 +95,18 @@ def _workloads(
             prefix_tokens=args.multiturn_prefix_tokens,
             new_tokens=args.multiturn_new_tokens,
             repeat=args.multiturn_repeat,
+        ),
+        "decode": DecodeWorkload(prompts, cases=args.decode_cases, rounds=args.decode_rounds),
+        "burst": BurstWorkload(
+            prompts,
+            prefixes=args.burst_prefixes,
+            prefix_tokens=args.burst_prefix_tokens,
+            suffix_tokens=args.burst_suffix_tokens,
+            requests=args.burst_requests,
+            max_tokens=args.burst_max_tokens,
+            rounds=args.burst_rounds,
+            rate=args.burst_rate,
+            seed=args.seed,
         ),
     }
     return [made[n] for n in names], bandwidth
@@ -167,9 +182,10 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        eager=args.eager,
     )
     ssd_dir = None
-    if any(c.name in ("miniflex-ssd", "native-fs") for c in configs):
+    if any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):
         # A fresh directory each run: MiniFlex serves chunks it finds on SSD after a restart.
         base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
         ssd_dir = tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)
@@ -229,15 +245,31 @@ def _context(
 
     return {
         "mode": "offline",
+        "provenance": provenance(cuda, args.commit),
         "vllm": getattr(vllm, "__version__", "?"),
         "backend": "cuda" if cuda else "cpu",
         "engine": dataclasses.asdict(settings),
+        "llm_args": settings.llm_args(cuda),
         "capacity_tokens": settings.capacity_tokens,
         "tiers": dataclasses.asdict(tiers),
         "kv_bytes_per_token": shape.kv_bytes_per_token,
         "bandwidth": bandwidth,
-        "configs": {c: CONFIGS[c].describe for c in args.configs.split(",") if c in CONFIGS},
+        "configs": {c.name: _described(c, tiers, cuda) for c in parse_configs(args.configs)},
     }
+
+
+def _described(c: EngineConfig, tiers: TierSizes, cuda: bool) -> dict[str, Any]:
+    """A configuration as it ran: its KV transfer config and, for MiniFlex, every setting
+    resolved (defaults and ``MINIFLEX_*`` included)."""
+    why = c.unavailable(cuda)
+    out: dict[str, Any] = {"describe": c.describe, "skipped": why}
+    if why is None:
+        kv = c.kv_transfer(tiers)
+        out["kv_transfer"] = kv
+        if c.connector is Connector.MINIFLEX and kv is not None:
+            cfg = MiniFlexConfig.from_dict(kv["kv_connector_extra_config"])
+            out["miniflex"] = dataclasses.asdict(cfg)
+    return out
 
 
 def _run_http(args: argparse.Namespace, log: Progress) -> int:
@@ -265,6 +297,7 @@ def _run_http(args: argparse.Namespace, log: Progress) -> int:
         return 0
     context = {
         "mode": "http",
+        "provenance": provenance(False, args.commit),
         "servers": dict(servers),
         "kv_bytes_per_token": shape.kv_bytes_per_token,
         "bandwidth": bandwidth,

@@ -13,33 +13,52 @@
 ``native-fs``    vLLM's ``OffloadingConnector`` with ``TieringOffloadingSpec``:
                  a CPU tier of ``ssd_cpu_bytes`` over an ``fs`` tier in
                  ``ssd_dir``/native-fs; CUDA only
-``lmcache``      never run: LMCache cannot be installed on the benchmark GPU
-                 machine (it has no package index); listed so that results
-                 say it was left out
+``lmcache``      vLLM's ``LMCacheConnectorV1`` with LMCache's local CPU backend
+                 (``max_local_cpu_size`` = ``cpu_bytes``, 256-token chunks, no
+                 disk or remote); CUDA only; left out, with the reason, where
+                 LMCache cannot be imported or runs without its CUDA kernels
 =============== ==============================================================
+
+LMCache takes its settings from ``kv_connector_extra_config`` (``lmcache.*`` keys,
+applied over its defaults and any ``LMCACHE_*`` variables); the only things it reads
+from the environment alone, usage reporting and its log level, are set by
+:meth:`EngineConfig.environment` while the engine starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
-from collections.abc import Callable
+import functools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from miniflex.errors import ConfigError
 
-__all__ = ["CONFIGS", "Connector", "EngineConfig", "TierSizes", "parse_configs"]
+__all__ = [
+    "CONFIGS",
+    "LMCACHE_NOT_RUN",
+    "Connector",
+    "EngineConfig",
+    "TierSizes",
+    "lmcache_unavailable",
+    "parse_configs",
+]
 
 MINIFLEX = {
     "kv_connector": "MiniFlexConnector",
     "kv_connector_module_path": "miniflex.connector",
     "kv_role": "kv_both",
 }
-LMCACHE_LEFT_OUT = (
-    "left out: LMCache cannot be installed on the benchmark GPU machine (it has no package "
-    "index), so it has no row"
-)
+LMCACHE_NOT_RUN = "not run: lmcache is not among this run's --configs (or was not reached)"
+LMCACHE_CHUNK_TOKENS = 256  # LMCache's default chunk, which its vLLM guides keep
+GiB = 1 << 30
 
 
 class Connector(enum.Enum):
@@ -48,13 +67,20 @@ class Connector(enum.Enum):
     NONE = "none"
     NATIVE = "native"
     MINIFLEX = "miniflex"
+    LMCACHE = "lmcache"
+
+    @property
+    def hits_from_vllm_counter(self) -> bool:
+        """Hits come from vLLM's ``vllm:external_prefix_cache_hits`` counter: the connector
+        reports none per request (MiniFlex does, in ``kv_transfer_params``)."""
+        return self in (Connector.NATIVE, Connector.LMCACHE)
 
 
 @dataclass(frozen=True)
 class TierSizes:
     """Tier sizes shared by every configuration of one run (bytes)."""
 
-    cpu_bytes: int  # MiniFlex's CPU tier, and the native connector's cpu_bytes_to_use
+    cpu_bytes: int  # MiniFlex's CPU tier, the native connector's, LMCache's local CPU backend
     ssd_cpu_bytes: int  # the CPU tier in front of the SSD tier (miniflex-ssd)
     ssd_bytes: int
     ssd_dir: str | None
@@ -77,6 +103,8 @@ class EngineConfig:
     build: Callable[[TierSizes], dict[str, Any] | None]
     needs_cuda: bool = False
     left_out: str | None = None  # set: never run, this says why
+    check: Callable[[], str | None] | None = None  # on CUDA: why it cannot run (None: it can)
+    env: Callable[[], dict[str, str]] | None = None  # variables its engine must start with
 
     def kv_transfer(self, tiers: TierSizes) -> dict[str, Any] | None:
         """``KVTransferConfig`` keyword arguments (None: no connector)."""
@@ -87,11 +115,33 @@ class EngineConfig:
         if self.left_out:
             return self.left_out
         if self.needs_cuda and not on_cuda:
+            if self.connector is Connector.LMCACHE:
+                return "skipped: LMCache's vLLM connector moves KV with CUDA kernels; CUDA only"
             return (
                 "skipped: vLLM's OffloadingConnector runs on CUDA, ROCm and XPU only and "
                 "refuses the CPU backend"
             )
-        return None
+        return self.check() if self.check else None
+
+    @contextlib.contextmanager
+    def environment(self) -> Iterator[None]:
+        """Set :attr:`env` while the engine starts (its processes inherit it), then restore."""
+        with _environ(self.env() if self.env else {}):
+            yield
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _native(t: TierSizes) -> dict[str, Any]:
@@ -121,6 +171,104 @@ def _native_fs(t: TierSizes) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
+
+
+def _lmcache(t: TierSizes) -> dict[str, Any]:
+    # LMCache's own vLLM adapter (vLLM's LMCacheConnectorV1 without use_native) applies the
+    # "lmcache."-prefixed keys over its configuration; its sizes are in GiB ("GB" there is
+    # 1024**3 bytes). Disk and remote are set off explicitly, over any LMCACHE_* variable.
+    extra = {
+        "lmcache.chunk_size": LMCACHE_CHUNK_TOKENS,
+        "lmcache.local_cpu": True,
+        "lmcache.max_local_cpu_size": t.cpu_bytes / GiB,
+        "lmcache.local_disk": None,
+        "lmcache.max_local_disk_size": 0,
+        "lmcache.remote_url": None,
+    }
+    return {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _lmcache_env() -> dict[str, str]:
+    """What LMCache reads only from the environment: no usage report over the network from a
+    benchmark, and its log level at vLLM's (its per-request INFO lines cost time)."""
+    return {
+        "LMCACHE_TRACK_USAGE": "false",
+        "LMCACHE_LOG_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),
+    }
+
+
+# Run in a child process: importing LMCache queries CUDA, which the benchmark process itself
+# must not do before vLLM starts its engine processes.
+_LMCACHE_PROBE = """
+import importlib, inspect, json
+import lmcache
+from lmcache.integration.vllm import vllm_v1_adapter  # what LMCacheConnectorV1 imports
+native, error = None, None
+try:
+    from lmcache.v1.platform import resolve_device_ops
+    ops = resolve_device_ops(lmcache.torch_device_type)
+    native = inspect.isbuiltin(ops.multi_layer_kv_transfer)  # a compiled function, or torch's
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+if native is False:
+    for name in ("lmcache.cuda_ops", "lmcache.c_ops"):  # 0.5.4 and later, 0.5.3 and before
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            error = str(exc)
+            break
+print(json.dumps({"version": lmcache.__version__, "device": lmcache.torch_device_type,
+                  "native": native, "error": error}))
+"""
+
+
+@functools.cache
+def lmcache_unavailable(timeout_s: float = 300.0) -> str | None:
+    """Why the ``lmcache`` configuration cannot run on this CUDA machine (None: it can).
+
+    LMCache must import with its vLLM adapter, see the GPU, and move KV with its compiled
+    CUDA kernels: its torch fallback (used when they do not load, as LMCache 0.5.4 and later
+    against torch 2.11) copies vLLM 0.26's packed K/V layout to the wrong slots.
+    """
+    try:
+        with _environ(_lmcache_env()):
+            proc = subprocess.run(
+                [sys.executable, "-c", _LMCACHE_PROBE],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+    except subprocess.TimeoutExpired:
+        return f"left out: importing LMCache took more than {timeout_s:.0f} s"
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        errors = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        return "left out: LMCache is not importable here: " + (
+            errors[-1].strip() if errors else f"exit status {proc.returncode}"
+        )
+    try:
+        found = json.loads(lines[-1])
+    except ValueError:
+        return f"left out: LMCache's import check printed {lines[-1][:200]!r}"
+    if found["device"] != "cuda":
+        return f"left out: LMCache does not see a CUDA device (it found {found['device']!r})"
+    if found["native"] is None:
+        return (
+            f"left out: cannot tell whether LMCache {found['version']}'s CUDA kernels are "
+            f"bound: {found['error']}"
+        )
+    if not found["native"]:
+        why = f": {found['error']}" if found["error"] else ""
+        return (
+            f"left out: LMCache {found['version']}'s CUDA kernels do not load with this "
+            f"torch{why}; its torch fallback copies vLLM's packed K/V layout to the wrong "
+            "slots (stage LMCache 0.5.3 with bench/stage_lmcache.sh)"
+        )
+    return None
 
 
 def _miniflex_cpu(t: TierSizes) -> dict[str, Any]:
@@ -174,10 +322,12 @@ CONFIGS: dict[str, EngineConfig] = {
         ),
         EngineConfig(
             "lmcache",
-            Connector.NONE,
-            "LMCache",
-            lambda t: None,
-            left_out=LMCACHE_LEFT_OUT,
+            Connector.LMCACHE,
+            "LMCache, local CPU backend",
+            _lmcache,
+            needs_cuda=True,
+            check=lmcache_unavailable,
+            env=_lmcache_env,
         ),
         *(
             EngineConfig(

@@ -44,6 +44,7 @@ class EngineSettings:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
+    eager: bool = False  # enforce_eager; False: torch.compile and CUDA graphs, vLLM's default
 
     @property
     def capacity_tokens(self) -> int:
@@ -53,7 +54,7 @@ class EngineSettings:
         args: dict[str, Any] = {
             "skip_tokenizer_init": True,
             "dtype": "bfloat16",
-            "enforce_eager": True,
+            "enforce_eager": self.eager,
             "seed": 0,
             "enable_prefix_caching": True,
             # Stats on: the native connector's hits come from vLLM's counters, and the engine
@@ -92,11 +93,12 @@ class OfflineDriver(Driver):
         self.name = config.name
         self.connector = config.connector
         self.capacity_tokens = settings.capacity_tokens
-        self.llm = LLM(
-            model=settings.model,
-            kv_transfer_config=None if kv is None else KVTransferConfig(**kv),
-            **settings.llm_args(on_cuda()),
-        )
+        with config.environment():  # what a connector reads from the environment only
+            self.llm = LLM(
+                model=settings.model,
+                kv_transfer_config=None if kv is None else KVTransferConfig(**kv),
+                **settings.llm_args(on_cuda()),
+            )
         self._ids = itertools.count()
         self._scratch = tiers.ssd_dir
 
@@ -137,7 +139,7 @@ class OfflineDriver(Driver):
         )[0]
         ms = 1e3 * (time.perf_counter() - t0)
         sample = self._sample(out, label, ms, ms, 0.0)
-        if self.connector is Connector.NATIVE and before is not None:
+        if self.connector.hits_from_vllm_counter and before is not None:
             after = self._external_counter()
             if after is not None:
                 sample = _with_external(sample, int(after - before))
@@ -174,7 +176,7 @@ class OfflineDriver(Driver):
             return samples, 0.0
         start = min(s.arrival_s for s in samples)
         end = max(s.arrival_s + s.e2e_ms / 1e3 for s in samples)
-        if self.connector is Connector.NATIVE:
+        if self.connector.hits_from_vllm_counter:
             samples = [_with_external(s, None) for s in samples]  # per request: not known
         return samples, end - start
 
@@ -220,7 +222,7 @@ class OfflineDriver(Driver):
 
     def _external_counter(self) -> float | None:
         """vLLM's counter of tokens loaded by the KV connector (None: not exported)."""
-        if self.connector is not Connector.NATIVE:
+        if not self.connector.hits_from_vllm_counter:
             return None
         values = [
             m.value

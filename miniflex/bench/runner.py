@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from miniflex.bench.base import Log, Workload
-from miniflex.bench.configs import LMCACHE_LEFT_OUT
+from miniflex.bench.configs import LMCACHE_NOT_RUN
 from miniflex.bench.driver import Driver
 from miniflex.bench.plot import save_plot
 from miniflex.bench.report import format_table, write_json
@@ -38,7 +38,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Outputs:
-    """Where each workload's JSON and PNG go: ``DIR/<workload>[-TAG].json`` / ``.png``."""
+    """Where each workload's JSON and PNG go: ``DIR/<workload>/<TAG>.json`` / ``.png`` (TAG
+    ``run`` when none is given), e.g. ``bench/results/burst/h200.json``."""
 
     out_dir: Path
     tag: str = ""
@@ -47,7 +48,7 @@ class Outputs:
     def json_for(self, workload: str) -> Path:
         if self.json_path is not None:
             return self.json_path
-        return self.out_dir / (workload + (f"-{self.tag}" if self.tag else "") + ".json")
+        return self.out_dir / workload / f"{self.tag or 'run'}.json"
 
     def png_for(self, workload: str) -> Path:
         return self.json_for(workload).with_suffix(".png")
@@ -93,8 +94,6 @@ def run_side_by_side(
                 _write(w, results[w.name], outputs, context, partial=True)
     for w in workloads:
         _finish(w, results[w.name], outputs, context, partial=interrupted)
-    if all(c.name != "lmcache" for c in candidates):
-        print(f"\nlmcache: {LMCACHE_LEFT_OUT}")  # so that every run's output says why
     return not interrupted and not any(r.failed for r in results.values())
 
 
@@ -147,12 +146,18 @@ def _run_candidate(
             log(f"{cand.name} did not shut down cleanly: {exc!r}")
 
 
+def _left_out(res: _Result) -> dict[str, str]:
+    """Why LMCache has no row in this workload's results (empty: it has one, or failed)."""
+    if "lmcache" in res.failed or any(r.get("config") == "lmcache" for r in res.rows):
+        return {}
+    return {"lmcache": res.skipped.get("lmcache", LMCACHE_NOT_RUN)}
+
+
 def _write(
     w: Workload, res: _Result, outputs: Outputs, context: dict[str, Any], partial: bool
 ) -> dict[str, Any]:
     payload = {
         "workload": w.name,
-        "json_path": str(outputs.json_for(w.name)),
         "title": w.title,
         "partial": partial,
         "params": w.params(),
@@ -161,7 +166,7 @@ def _write(
         "summary": w.summary(res.rows, context) if res.rows else {"lines": []},
         "skipped": res.skipped,
         "failed": res.failed,
-        "left_out": {"lmcache": LMCACHE_LEFT_OUT},
+        "left_out": _left_out(res),
         "samples": res.samples,
     }
     write_json(outputs.json_for(w.name), payload)

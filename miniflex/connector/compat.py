@@ -6,12 +6,16 @@ and the halves get plain values from these functions.
 Known differences:
 
 * ``KVCacheConfig.kv_cache_layout`` (the resolved physical layout) exists from
-  0.30 on; 0.26 exposes it as ``get_kv_cache_layout()`` ("NHD" / "HND").
+  0.29 on; 0.26-0.28 expose it as ``get_kv_cache_layout()`` ("NHD" / "HND").
 * ``SchedulerOutput.preempted_req_ids`` and ``handle_preemptions`` exist in
   0.26 and later; older versions are not supported.
-* ``has_pending_block_frees`` exists in 0.32+ (keeps the engine stepping while
-  a finished request's stores complete); on 0.26 the release waits for the
+* ``has_pending_block_frees`` exists in 0.30+ (keeps the engine stepping while
+  a finished request's stores complete); before, the release waits for the
   next engine step.
+* ``get_external_cache_hit_sources`` and ``CacheHitSource`` exist in 0.32+:
+  vLLM asks where each admitted hit comes from and counts it in
+  ``vllm:prompt_tokens_cached_by_source`` (``host``: CPU tier, ``disk``: SSD
+  tier). Older versions never ask.
 * ``KVCacheConfig.hash_block_size`` (0.32+) may differ from the block size;
   MiniFlex needs them equal.
 """
@@ -21,17 +25,22 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.manager import ScheduledReq
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
-from miniflex.types import BlockId, ReqId
+from miniflex.types import BlockId, ReqId, Tier
 
 __all__ = [
     "block_hashes",
+    "cache_hit_sources",
     "geometry_from_config",
+    "graph_rule",
+    "hit_source",
+    "max_model_len",
     "model_name",
     "page_order",
     "preempted_ids",
@@ -52,6 +61,12 @@ _ORDER_BY_NAME = {
     "LBHNC": "LBHNC",
     "BLHNC": "LBHNC",
     "HND": "LBHNC",
+}
+
+_SOURCE_OF_TIER: dict[Tier | None, str] = {
+    Tier.CPU: "host",
+    Tier.SSD: "disk",
+    None: "external_unspecified",  # promised, but no tier holds it any more: recomputed
 }
 
 
@@ -163,10 +178,36 @@ def reporting_workers(vllm_config: Any) -> int:
     return int(getattr(pc, "world_size", pc.tensor_parallel_size))
 
 
+def max_model_len(vllm_config: Any) -> int:
+    """The longest sequence the engine serves (0: unknown)."""
+    mc = getattr(vllm_config, "model_config", None)
+    return int(getattr(mc, "max_model_len", 0) or 0)
+
+
 def step_tokens(vllm_config: Any) -> int:
     """Tokens vLLM computes at most per engine step (``max_num_batched_tokens``; 0: unknown)."""
     sc = getattr(vllm_config, "scheduler_config", None)
     return int(getattr(sc, "max_num_batched_tokens", 0) or 0)
+
+
+def graph_rule(vllm_config: Any) -> GraphRule:
+    """When the engine replays full CUDA graphs (``CompilationConfig.cudagraph_mode``, 0.26+).
+
+    The scheduler sees the mode as configured; a worker may still downgrade it for its
+    attention backend (never the other way), so the rule errs towards full graphs.
+    """
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if not mode or getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return EAGER  # None, or CUDAGraphMode.NONE (falsy)
+    from vllm.config import CUDAGraphMode
+
+    return GraphRule(
+        full_decode=mode.decode_mode() == CUDAGraphMode.FULL,
+        full_mixed=mode.mixed_mode() == CUDAGraphMode.FULL,
+        decode_tokens=1 + int(getattr(vllm_config, "num_speculative_tokens", 0) or 0),
+        max_tokens=int(getattr(cc, "max_cudagraph_capture_size", 0) or 0),
+    )
 
 
 def tp_rank() -> int:
@@ -247,3 +288,22 @@ def scheduled_requests(so: Any) -> list[ScheduledReq]:
 
 def preempted_ids(so: Any) -> Iterable[ReqId]:
     return [ReqId(r) for r in (getattr(so, "preempted_req_ids", None) or ())]
+
+
+def hit_source(name: str) -> Any:
+    """vLLM's ``CacheHitSource`` called ``name`` ("host", "disk", ...) on 0.32+.
+
+    Older versions have no such enum and never ask a connector for one; there
+    it is ``name`` itself (the enum is a ``str`` enum: either compares equal to it).
+    """
+    try:
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+    except ImportError:
+        return name
+    return CacheHitSource(name)
+
+
+def cache_hit_sources(tokens: Mapping[Tier | None, int]) -> dict[Any, int]:
+    """``get_external_cache_hit_sources``'s answer for tokens split by MiniFlex tier
+    (``None``: held by none): CPU -> host, SSD -> disk, else external_unspecified."""
+    return {hit_source(_SOURCE_OF_TIER[t]): n for t, n in tokens.items() if n > 0}

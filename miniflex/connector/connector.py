@@ -33,6 +33,7 @@ from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.prom import MiniFlexPromMetrics
+from miniflex.connector.requests import load_tokens_by_tier
 from miniflex.connector.stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import Namespace
@@ -52,6 +53,8 @@ CLOCK_REPORT_S = 0.01
 
 class MiniFlexConnector(KVConnectorBase_V1):
     """Tiered KV cache (pinned CPU, optional SSD) behind vLLM's V1 connector API."""
+
+    _cache_hit_source = compat.hit_source("host")  # vLLM 0.32+; per hit: the hook below
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         compat.quiet_connector_notice()
@@ -100,6 +103,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 ssd_slots,
                 geometry.chunk_bytes,
                 compat.step_tokens(vllm_config),
+                compat.graph_rule(vllm_config),
+                compat.max_model_len(vllm_config),
             )
             recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             self._live = LiveState(self.config.status_file)
@@ -218,6 +223,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         hooks, self.hook_seconds, self._thread_cpu = self.hook_seconds, 0.0, 0.0
         return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes, hooks, cpu)
 
+    @timed_hook
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33+, before sleep mode unmaps the KV cache: no copy may touch it after this.
+        Waking up (``restore_kv_caches``) maps it back at the same addresses: nothing to redo."""
+        self.handler.drain()
+
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.shutdown()
@@ -258,6 +269,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.manager.on_alloc(
             request.request_id, compat.request_block_ids(blocks), num_external_tokens
         )
+
+    @timed_hook
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
+        """vLLM 0.32+, after ``update_state_after_alloc``: the hit split by the tier each
+        token loads from (host: CPU, disk: SSD), for ``vllm:prompt_tokens_cached_by_source``."""
+        load = self.manager.state(request.request_id).load
+        split = load_tokens_by_tier(load, num_external_tokens, self.geometry.chunk_tokens)
+        return compat.cache_hit_sources(split)
 
     @timed_hook
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -325,9 +344,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """True unless every load is asynchronous: in-step loads make each attention layer
-        wait for its copy (``wait_for_layer_load``), which a full CUDA graph would skip."""
-        return MiniFlexConfig.from_dict(extra_config).load_mode != "async"
+        """Never: vLLM keeps its full CUDA graphs. An in-step load, whose attention layers
+        wait for their copy in ``wait_for_layer_load``, never relies on that hook in a step
+        that may replay a full graph (``connector/cuda_graphs.py``)."""
+        MiniFlexConfig.from_dict(extra_config)  # a bad setting fails here, before vLLM starts
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:

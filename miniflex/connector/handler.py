@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 
@@ -119,6 +120,8 @@ class MiniFlexHandler:
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._probe = probe_loads(self._mover, self.layout, num_slots)
+        if self._probe is not None and self._ssd is not None:
+            self._probe = replace(self._probe, ssd_read_bps=self._ssd.probe_read())
         for name, q in (
             ("miniflex-transfer", self._queue),
             ("miniflex-ssd", self._ssd_queue),
@@ -170,6 +173,8 @@ class MiniFlexHandler:
             self._step_loads.issue(
                 [job for job in plan.jobs if job.synchronous], self._mover, before_forward
             )
+            if plan.full_graph and before_forward:
+                self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
         fence = self._mover.fence() if jobs else None
         with self._lock:
             self._demoting = {s: f for s, f in self._demoting.items() if not f.done()}

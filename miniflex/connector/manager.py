@@ -29,6 +29,7 @@ import numpy as np
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.advisor import HitAdvisor
+from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.requests import PendingLoad, ReqState, tokens_by_tier
 from miniflex.cost import make_cost_model
 from miniflex.index import keys_to_array
@@ -47,6 +48,7 @@ from miniflex.plan import (
 )
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
+from miniflex.tiers.admission import SSDAdmission
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
@@ -109,11 +111,16 @@ class MiniFlexManager:
         ssd_slots: int = 0,
         chunk_bytes: int = 0,
         step_tokens: int = 0,
+        graphs: GraphRule = EAGER,
+        max_model_len: int = 0,
     ) -> None:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
-        ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown)."""
+        ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown);
+        ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them);
+        ``max_model_len``: the longest prompt (its last chunk costs most to recompute)."""
         self.config = config
         self.ns = ns
+        self.graphs = graphs
         self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
@@ -128,6 +135,10 @@ class MiniFlexManager:
             ),
             wait_budget=self.advisor.write_wait_budget,
             recompute_seconds=self.cost.chunk_recompute_seconds,
+            admission=SSDAdmission(
+                self.cost.ssd_chunk_seconds,
+                lambda: self.cost.chunk_recompute_seconds(max_model_len),
+            ),
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
@@ -215,7 +226,10 @@ class MiniFlexManager:
         if hit:
             hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
-        if end <= num_computed:
+        if end <= num_computed or (
+            self.config.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
+        ):
+            # auto: an in-step load only overlaps a step that runs attention eagerly
             st.timing = LoadTiming.ASYNC
         return max(0, end - num_computed)
 
@@ -248,6 +262,7 @@ class MiniFlexManager:
         st = self.state(req_id)
         st.block_ids = list(block_ids)
         self.advisor.record(st, self.stats)
+        self.tiers.touch(st.key_array)  # the whole prompt, vLLM's own hit included
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
         ct = self.ns.chunk_tokens
@@ -284,8 +299,10 @@ class MiniFlexManager:
         loads = [j for r in self._to_load if (j := self._load_job(r)) is not None]
         self._to_load.clear()
         jobs: list[TransferJob] = []
+        tokens: list[int] = []  # scheduled per request: may the step replay a full graph?
         self._step += 1
         for s in scheduled:
+            tokens.append(s.num_scheduled_tokens)
             st = self.state(s.req_id)
             self.advisor.note_scheduled(
                 self._step, st, s.num_scheduled_tokens, s.num_computed_tokens
@@ -306,8 +323,16 @@ class MiniFlexManager:
             self._clear_ssd = False
             jobs.insert(0, self._system_job(JobKind.CLEAR, ()))
         release, self._release = tuple(self._release), []
-        self.advisor.end_step(self._step, timed=not any(j.synchronous for j in loads))
-        return TransferPlan(jobs=tuple(jobs), release=release, preempted=preempted, step=self._step)
+        in_step = any(j.synchronous for j in loads)
+        self.advisor.end_step(self._step, timed=not in_step)
+        full_graph = in_step and self.graphs.may_replay_full(tokens)
+        return TransferPlan(
+            jobs=tuple(jobs),
+            release=release,
+            preempted=preempted,
+            step=self._step,
+            full_graph=full_graph,
+        )
 
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:
         """The workers' start-up load probes (see :class:`HitAdvisor`)."""
@@ -328,6 +353,7 @@ class MiniFlexManager:
     def _demote_job(self) -> TransferJob | None:
         copies = self.tiers.take_demotions()
         self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
+        self.stats.demotions_declined += self.tiers.take_declined_demotions()
         return self._system_job(JobKind.DEMOTE, tuple(copies)) if copies else None
 
     def _system_job(self, kind: JobKind, copies: tuple[SlotCopy, ...]) -> TransferJob:
@@ -452,6 +478,8 @@ class MiniFlexManager:
                 self.tiers.complete_store(rec.placed, rec.ok)
                 if st is not None:
                     st.store_jobs.discard(r.job_id)
+                    # a prompt stored over several steps: its head becomes the most recent
+                    self.tiers.touch(st.key_array[: st.stored_chunks])
                 if rec.ok:
                     self.stats.stored_tokens += len(rec.placed) * self.ns.chunk_tokens
             else:
@@ -574,6 +602,7 @@ class MiniFlexManager:
             "cost_model": {
                 "hit_policy": self.config.hit_policy,
                 "calibrated": cost.calibrated,
+                "ssd_admits": self.tiers.ssd_pays_off if self.ssd is not None else None,
                 "observed_steps": cost.observed_steps,
                 "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
                 "layerwise_load_GBps": None

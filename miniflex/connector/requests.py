@@ -13,7 +13,7 @@ from miniflex.plan import JobId, LoadTiming
 from miniflex.tiers import ChunkSource
 from miniflex.types import BlockId, ChunkKey, ReqId, Tier
 
-__all__ = ["PendingLoad", "ReqState", "tokens_by_tier"]
+__all__ = ["PendingLoad", "ReqState", "load_tokens_by_tier", "tokens_by_tier"]
 
 
 @dataclass
@@ -75,4 +75,33 @@ def tokens_by_tier(
         if n <= 0:
             break
         out[tier.name.lower()] = out.get(tier.name.lower(), 0) + n
+    return out
+
+
+def load_tokens_by_tier(
+    load: PendingLoad | None, num_tokens: int, chunk_tokens: int
+) -> dict[Tier | None, int]:
+    """``num_tokens`` of a load promised to vLLM, split by the tier each token is read from.
+
+    The load starts at ``load.first_token`` (vLLM's own hit, which may fall inside a
+    chunk); ``load.sources[i]`` says where its i-th chunk comes from. Tokens of chunks
+    it holds no source for (no longer resident when it was pinned: they become load
+    errors and are recomputed), or of no load at all, count under ``None``. The counts
+    sum to ``num_tokens``; zero counts are left out. Example, 32-token chunks, a load of
+    80 tokens from token 16 whose chunks are CPU, SSD, CPU::
+
+        tokens 16-31 -> CPU, 32-63 -> SSD, 64-95 -> CPU  ==  {CPU: 48, SSD: 32}
+    """
+    out: dict[Tier | None, int] = {}
+    first = load.first_token if load is not None else 0
+    sources = load.sources if load is not None else []
+    c0, end = first // chunk_tokens, first + num_tokens
+    for i, src in enumerate(sources):
+        lo, hi = max(first, (c0 + i) * chunk_tokens), min(end, (c0 + i + 1) * chunk_tokens)
+        if hi <= lo:
+            break
+        out[src.tier] = out.get(src.tier, 0) + hi - lo
+    rest = num_tokens - sum(out.values())
+    if rest > 0:
+        out[None] = rest
     return out

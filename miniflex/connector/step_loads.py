@@ -9,7 +9,10 @@ On one worker, per engine step, all on vLLM's thread:
    cannot even be queued becomes a failed result (its blocks load errors).
 2. ``wait_layer`` (from ``wait_for_layer_load``, before each attention
    layer): LAYERWISE jobs order the layer after its own copy; SYNC jobs wait
-   for every layer at the first attention layer (load-then-compute).
+   for every layer at the first attention layer (load-then-compute). A step
+   that may replay a full CUDA graph (``TransferPlan.full_graph``) calls no
+   hook inside its forward: ``wait_all`` orders it after every layer at once,
+   right after ``issue``.
 3. ``finish`` (from ``wait_for_save``, or ``get_finished`` where vLLM defers
    the former): waits for the copies and returns one ``JobResult`` per job.
 
@@ -93,6 +96,14 @@ class StepLoads:
         self._waited_all = index is None or all(
             it.load is None or len(it.waited) == len(self._layers) for it in self._issued
         )
+
+    def wait_all(self) -> None:
+        """Order the forward after every layer of every load now, before it starts: for a
+        step that may replay a full CUDA graph, which calls no ``wait_layer`` at all."""
+        for it in self._issued:
+            if it.load is not None:
+                self._wait_all(it)
+        self._waited_all = True
 
     def _wait_all(self, it: _Issued) -> None:
         assert it.load is not None

@@ -78,7 +78,7 @@ def layerwise_ctas(pages_per_layer: int) -> int:
 
     Every attention layer of the step waits for its layer of the load, so the
     load is the step's critical path and more CTAs pay off, as long as each has
-    work: on an H200 (``gpu_copy_layerwise_h200.json`` in ``bench/results``) 8 CTAs moved a
+    work: on an H200 (``bench/results/components/gpu_copy_layerwise_h200.json``) 8 CTAs moved a
     16k-token load layer by layer at 0.90 of PCIe and 2 CTAs at 0.77, while a
     single 64-token chunk moved faster with 2. Hence one CTA per
     ``PAGES_PER_CTA`` pages, between ``DEFAULT_CTAS`` and ``LAYERWISE_CTAS``.

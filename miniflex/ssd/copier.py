@@ -25,6 +25,7 @@ from miniflex.plan import SlotCopy
 from miniflex.pool import HostPool
 from miniflex.ssd.preflight import check_ssd_tier
 from miniflex.ssd.probe import make_backend
+from miniflex.ssd.read_probe import PROBE_BYTES, probe_read_bandwidth
 from miniflex.ssd.store import SSDStore, make_dirs, rank_dirs
 from miniflex.types import ChunkKey
 
@@ -51,7 +52,7 @@ class SSDCopier:
         self._io = make_backend(config.ssd_io)
         made: list[str] = []
         try:
-            dirs = rank_dirs(config.ssd_dirs, rank)
+            dirs = self._dirs = rank_dirs(config.ssd_dirs, rank)
             made = make_dirs(dirs, "ssd_dirs")
             self.store = SSDStore(
                 dirs, config.ssd_bytes, pool.slot_bytes, namespace_digest, backend=self._io
@@ -83,6 +84,15 @@ class SSDCopier:
         """Write each CPU slot to its SSD slot, durably; returns the keys that failed."""
         ok = self.store.write([(c.key, c.ssd, self._view(c)) for c in copies])
         return {c.key for c, good in zip(copies, ok, strict=True) if not good}
+
+    def probe_read(self) -> float | None:
+        """Bytes/s this disk reads chunks back at, measured now in a scratch file beside the
+        store (:mod:`miniflex.ssd.read_probe`; at most a quarter of the tier's size, so that
+        it fits where the tier does); None if the probe could not run."""
+        size = self.store.num_slots * self._pool.slot_bytes  # at most a quarter of the tier
+        return probe_read_bandwidth(
+            self._io, self._dirs[0], self._pool.slot_bytes, min(PROBE_BYTES, size // 4)
+        )
 
     def clear(self) -> None:
         self.store.clear()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from miniflex.errors import ConfigError
 from miniflex.layout import ALIGN
 from miniflex.ssd.journal import RECORD_BYTES
+from miniflex.ssd.read_probe import PROBE_BYTES
 from miniflex.ssd.store import DATA_FILE, rank_dirs, slot_count
 from miniflex.units import format_bytes
 
@@ -172,34 +173,51 @@ def _check_space(
     slot_bytes: int | None,
     ranks: Sequence[int],
 ) -> dict[str, int]:
-    """Refuse when a file system lacks room for the files placed on it; free space per dir."""
-    slots = file_bytes // slot_bytes if slot_bytes else file_bytes // (1 << 20)
-    journal = RECORD_BYTES * (1 + 5 * max(slots * len(dirs), 1024))  # compaction: copy + 4x
-    need: dict[int, int] = {}  # st_dev -> bytes still to allocate there
-    on_dev: dict[int, list[str]] = {}
+    """Refuse when a file system lacks room for the files placed on it; free space per dir.
+
+    Room for: each rank's data file in each directory (less what an existing one
+    holds), and beside the first one its journal (with a compaction's copy) and
+    the start-up read probe's scratch file.
+    """
     free: dict[str, int] = {}
+    on_dev: dict[int, list[str]] = {}
     for d in dirs:
-        dev = os.stat(d).st_dev
         vfs = os.statvfs(d)
         free[d] = vfs.f_bavail * vfs.f_frsize
-        on_dev.setdefault(dev, []).append(d)
-        for r in ranks:
-            rd = rank_dirs([d], r)[0]
-            held = _allocated(os.path.join(rd, DATA_FILE))
-            extra = journal if d == dirs[0] else 0
-            need[dev] = need.get(dev, 0) + max(0, file_bytes - held) + extra
-    for dev, wanted in need.items():
-        d = on_dev[dev][0]
-        if wanted > free[d]:
-            per_file = len(on_dev[dev]) * len(ranks)
-            fit = max(0, free[d] - journal) * len(dirs) // per_file // (1 << 20) << 20
-            raise ConfigError(
-                "ssd_bytes",
-                format_bytes(ssd_bytes),
-                f"{d} has {format_bytes(free[d])} free but the SSD tier needs "
-                f"{format_bytes(wanted)} more there; set it to at most {format_bytes(fit)} "
-                "or free disk space",
-            )
+        on_dev.setdefault(os.stat(d).st_dev, []).append(d)
+    held = {
+        (d, r): _allocated(os.path.join(rank_dirs([d], r)[0], DATA_FILE))
+        for d in dirs
+        for r in ranks
+    }
+
+    def need(on: list[str], total: int) -> int:
+        """Bytes still to allocate in directories ``on`` (one file system) for a tier of
+        ``total`` bytes."""
+        fits = total >= len(dirs) * (slot_bytes or ALIGN)
+        size = _file_bytes(dirs, total, slot_bytes) if fits else 0
+        slots = size // slot_bytes if slot_bytes else size // (1 << 20)
+        first = RECORD_BYTES * (1 + 5 * max(slots * len(dirs), 1024))  # journal: 4x + copy
+        first += min(PROBE_BYTES, slots * len(dirs) * (slot_bytes or 1 << 20) // 4)
+        return sum(
+            max(0, size - held[(d, r)]) + (first if d == dirs[0] else 0) for d in on for r in ranks
+        )
+
+    for on in on_dev.values():
+        d, wanted = on[0], need(on, ssd_bytes)
+        if wanted <= free[d]:
+            continue
+        lo, hi = 0, ssd_bytes // (1 << 20)  # the largest tier, in MiB, that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if need(on, mid << 20) <= free[d] else (lo, mid - 1)
+        raise ConfigError(
+            "ssd_bytes",
+            format_bytes(ssd_bytes),
+            f"{d} has {format_bytes(free[d])} free but the SSD tier needs "
+            f"{format_bytes(wanted)} more there; set it to at most {format_bytes(lo << 20)} "
+            "or free disk space",
+        )
     return free
 
 

@@ -29,6 +29,10 @@ It decides where every chunk goes and never touches bytes:
   flight, and the chunks evicted for room are not sent to the disk yet. With
   ``write_through`` every chunk stored on CPU is also queued for SSD (its CPU
   slot pinned until written).
+* **Admission** (:mod:`miniflex.tiers.admission`): while the disk is known to be
+  slower than recomputing a chunk, evicted chunks are dropped, not written, and
+  nothing is written ahead or set aside for write-back: the CPU tier works as
+  if there were no SSD tier (chunks already on SSD are still found).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
   tier only once its bytes are known to be there.
 
@@ -52,6 +56,7 @@ import numpy as np
 
 from miniflex.index import keys_to_array
 from miniflex.plan import SlotCopy
+from miniflex.tiers.admission import SSDAdmission
 from miniflex.tiers.slot_tier import SlotTier
 from miniflex.types import ChunkKey, SlotId, Tier
 
@@ -89,11 +94,13 @@ class TierStack:
         clock: Callable[[], float] = time.monotonic,
         wait_budget: Callable[[], float] = lambda: WRITE_WAIT_S,
         recompute_seconds: Callable[[], float | None] = lambda: None,
+        admission: SSDAdmission | None = None,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions;
         ``wait_budget()``: seconds a store may wait for a write-back rather than drop one;
-        ``recompute_seconds()``: what recomputing one chunk costs (None: not known yet)."""
+        ``recompute_seconds()``: what recomputing one chunk costs (None: not known yet);
+        ``admission``: whether evicted chunks are worth writing to SSD (None: always)."""
         self.cpu = SlotTier(
             Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote, reclaim=self._reclaim
         )
@@ -103,6 +110,7 @@ class TierStack:
         self._clock = clock
         self._wait_budget = wait_budget
         self._recompute_seconds = recompute_seconds
+        self.admission = admission
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
         self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
@@ -193,8 +201,9 @@ class TierStack:
         return self.ssd
 
     def release(self, sources: Sequence[ChunkSource], ok: bool, bad_keys: set[ChunkKey]) -> None:
-        """End a load: unpin; ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
-        for src in sources:
+        """End a load: unpin (the prefix's first chunk last: most recently used);
+        ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
+        for src in reversed(sources):
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok)
                 continue
@@ -205,13 +214,22 @@ class TierStack:
 
     def cancel(self, sources: Sequence[ChunkSource]) -> None:
         """Undo :meth:`acquire` for a load never sent: unpin; promotion slots are freed unread."""
-        for src in sources:
+        for src in reversed(sources):
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok=True)
             else:
                 assert self.ssd is not None
                 self.ssd.complete_load([src.ssd], ok=True)
                 self.cpu.complete_store([(src.key, src.cpu)], ok=False)
+
+    def touch(self, keys: np.ndarray) -> None:
+        """A request was admitted with these chunk keys (its prefix, in order): every tier
+        counts them as just used, a prefix's tail evicted before its head. Chunks that
+        vLLM itself still holds are touched too: a prefix hot on the GPU stays in CPU for
+        when vLLM evicts it."""
+        self.cpu.touch(keys)
+        if self.ssd is not None:
+            self.ssd.touch(keys)
 
     # ---- stores ----
     def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
@@ -224,6 +242,8 @@ class TierStack:
         if not (ok and self.write_through):
             return
         for key, slot in placed:
+            if self.admission is not None and not self.admission.admits():
+                continue
             if self.cpu.slot_of(key) == slot and self.cpu.prepare_load([key]):
                 copy = self._to_ssd(key, slot)
                 if copy is None:
@@ -277,7 +297,7 @@ class TierStack:
     def _write_ahead(self) -> None:
         """Start writing back the least recently used CPU chunks while fewer than
         ``max_writeback`` CPU slots are free or being written (write-back mode only)."""
-        if self.ssd is None or self.write_through:
+        if self.ssd is None or self.write_through or not self.ssd_pays_off:
             return
         while (
             self.cpu.free_slots + len(self._writing_back) < self.max_writeback
@@ -300,9 +320,23 @@ class TierStack:
     def max_load_chunks(self) -> int:
         """The longest load that fits the CPU tier at once: every chunk of a load sits in a
         CPU slot (promoted ones too), and up to ``max_writeback`` slots may be being written."""
-        if self.ssd is None or self.write_through:
+        if self.ssd is None or self.write_through or not self.ssd_pays_off:
             return self.cpu.num_slots
         return max(1, self.cpu.num_slots - self.max_writeback)
+
+    @property
+    def ssd_pays_off(self) -> bool:
+        """Whether chunks are written back ahead of need and CPU slots kept for that: the
+        SSD tier admits chunks (see :mod:`miniflex.tiers.admission`)."""
+        return self.admission is None or self.admission.pays_off
+
+    def take_declined_demotions(self) -> int:
+        """Chunks evicted from CPU unwritten because the disk is slower than recompute, since
+        the last call."""
+        if self.admission is None:
+            return 0
+        n, self.admission.declined = self.admission.declined, 0
+        return n
 
     @property
     def writing_back(self) -> int:
@@ -314,9 +348,12 @@ class TierStack:
         True: it is being written (its CPU slot is freed when that is done)."""
         if self.ssd is None or self.write_through:
             return False
+        if key in self.ssd or self.ssd.is_storing(key):
+            return False  # already there: nothing to write
+        if self.admission is not None and not self.admission.admits():
+            return False
         if len(self._writing_back) >= self.max_writeback:
-            if key not in self.ssd and not self.ssd.is_storing(key):
-                self._skipped_demotions += 1
+            self._skipped_demotions += 1
             return False
         copy = self._to_ssd(key, cpu_slot)
         if copy is None:

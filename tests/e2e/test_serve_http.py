@@ -115,13 +115,22 @@ def test_metrics_endpoint_shows_miniflex_counters(server: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         text = requests.get(server + "/metrics", timeout=10).text
-        hits = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("vllm:miniflex_hit_tokens_total{") and 'tier="cpu"' in line
-        ]
+        hits = sample(text, "vllm:miniflex_hit_tokens_total", 'tier="cpu"')
         if (hits and hits[0] > 0) or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert hits and hits[0] >= expected_hit(PROMPT_TOKENS), text[-2000:]
     assert "vllm:miniflex_stored_tokens_total" in text
+    # vLLM's own per-source count (0.32+) calls MiniFlex's CPU tier "host"
+    host = sample(text, "vllm:prompt_tokens_cached_by_source_total", 'source="host"')
+    assert host and host[0] >= expected_hit(PROMPT_TOKENS), text[-2000:]
+    assert sample(text, "vllm:prompt_tokens_cached_by_source_total", 'source="external_') == [0]
+
+
+def sample(text: str, name: str, label: str) -> list[float]:
+    """The values of Prometheus samples ``name{...label...}`` in a /metrics page."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    ]

@@ -27,7 +27,7 @@ from tests.e2e.engine import run_bench
 pytestmark = pytest.mark.e2e
 
 ARGS = [
-    *("--block-size", "32", "--gpu-blocks", "32", "--max-num-batched-tokens", "256"),
+    *("--eager", "--block-size", "32", "--gpu-blocks", "32", "--max-num-batched-tokens", "256"),
     *("--soak-requests", "160", "--soak-rounds", "4", "--soak-concurrency", "8"),
     *("--soak-docs", "32", "--soak-variants", "3", "--soak-max-tokens", "16"),
     *("--cpu-bytes", "8MiB", "--ssd-bytes", "16MiB", "--soak-disk-mib", "64"),

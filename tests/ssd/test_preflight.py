@@ -84,7 +84,7 @@ def test_an_existing_data_file_counts_as_room(mount_fs: MountFS, backend: IOBack
     small = mount_fs(16)
     rd = rank_dirs([str(small)], 0)[0]
     os.mkdir(rd)
-    size = 160 * SLOT  # 10 MiB of a 16 MiB disk: there is no room for it twice
+    size = 128 * SLOT  # 8 MiB of a 16 MiB disk (12.6 MiB usable): no room for it twice
     SSDStore([rd], size, SLOT, DIGEST, backend).close()
     check_ssd_tier([str(small)], size, SLOT)
 

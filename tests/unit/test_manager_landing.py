@@ -29,7 +29,8 @@ def landing_first_chunk(tmp_path: Path) -> tuple[MiniFlexManager, list]:
     m = MiniFlexManager(config, NS, num_slots=CHUNKS, ssd_slots=16, chunk_bytes=4096)
     m.cost.observe_step(2048, 2048 * 1024.0, 1.0)  # recomputing a chunk: about 8 ms
     m.tiers.observe_writes(chunks=1, seconds=0.001)  # the disk keeps up
-    m.tiers.complete_store(m.tiers.prepare_store(KEYS[:-1]), ok=True)
+    m.tiers.complete_store(m.tiers.prepare_store(KEYS[:1]), ok=True)  # k0 before the rest
+    m.tiers.complete_store(m.tiers.prepare_store(KEYS[1:-1]), ok=True)
     m.tiers.complete_store(m.tiers.prepare_store(KEYS[-1:]), ok=True)  # k0's write-back starts
     copies = m.tiers.take_demotions()
     assert [c.key for c in copies] == [KEYS[0]]

@@ -31,6 +31,35 @@ def test_failed_store_frees_its_slots() -> None:
     assert len(tier.prepare_store(keys(3, 4))) == 2
 
 
+def test_eviction_takes_a_prefix_from_its_tail_so_its_head_still_hits() -> None:
+    tier = SlotTier(Tier.CPU, 6)
+    a = keys(1, 2, 3, 4)
+    tier.complete_store(tier.prepare_store(a), ok=True)
+    tier.complete_store(tier.prepare_store(keys(9, 10)), ok=True)
+    tier.complete_store(tier.prepare_store(keys(11, 12)), ok=True)  # room for two: a's tail
+    assert tier.match(a) == 2 and a[2] not in tier and a[3] not in tier
+
+
+def test_a_loaded_prefix_is_kept_head_first_too() -> None:
+    tier = SlotTier(Tier.CPU, 4)
+    a = keys(1, 2, 3)
+    tier.complete_store(tier.prepare_store(keys(9)), ok=True)
+    tier.complete_store(tier.prepare_store(a), ok=True)
+    tier.complete_load(tier.prepare_load(a), ok=True)  # a is used again: 9 is now oldest
+    tier.complete_store(tier.prepare_store(keys(10, 11)), ok=True)
+    assert tier.match(a) == 2 and keys(9)[0] not in tier  # 9 first, then a's last chunk
+
+
+def test_touching_a_prefix_keeps_it_over_older_ones() -> None:
+    tier = SlotTier(Tier.CPU, 4)
+    a, b = keys(1, 2), keys(3, 4)
+    tier.complete_store(tier.prepare_store(a), ok=True)
+    tier.complete_store(tier.prepare_store(b), ok=True)
+    tier.touch([*a, *keys(99)])  # a request with prefix a (and more, not resident) admitted
+    tier.complete_store(tier.prepare_store(keys(5)), ok=True)
+    assert tier.match(a) == 2 and tier.match(b) == 1  # b's tail went, not a's
+
+
 def test_lru_evicts_oldest_unpinned_chunk() -> None:
     tier = SlotTier(Tier.CPU, 2)
     tier.complete_store(tier.prepare_store(keys(1)), ok=True)

@@ -34,12 +34,12 @@ def test_write_back_starts_ahead_of_need_and_the_chunk_stays_readable_until_writ
     placed = store(stack, [k(0), k(1), k(2)])
     assert stack.take_demotions() == []  # one slot is still free
     store(stack, [k(3)])  # takes it: the least recently used chunk starts its write-back
-    (copy,) = stack.take_demotions()
-    assert copy.key == k(0) and copy.cpu == dict(placed)[k(0)]
-    assert k(0) in stack.cpu and stack.match([k(0)]) == 1  # still served from CPU
+    (copy,) = stack.take_demotions()  # the tail of the older prefix: its head stays useful
+    assert copy.key == k(2) and copy.cpu == dict(placed)[k(2)]
+    assert k(2) in stack.cpu and stack.match([k(2)]) == 1  # still served from CPU
     assert stack.writing_back == 1 and stack.cpu.free_slots == 0
     stack.complete_demotions([copy], set())
-    assert stack.ssd is not None and k(0) in stack.ssd and k(0) not in stack.cpu
+    assert stack.ssd is not None and k(2) in stack.ssd and k(2) not in stack.cpu
     assert stack.cpu.free_slots == 1  # the next store takes it without waiting
     assert stack.match([k(0), k(1), k(2), k(3)]) == 4  # a prefix across both tiers
 
@@ -171,7 +171,8 @@ def test_back_to_back_stores_take_slots_of_writes_not_sent_yet_rather_than_lose_
     assert [key for key, _ in placed] == [k(4), k(5)]
     assert stack.take_skipped_demotions() == 0 and stack.landing(k(0)) and stack.landing(k(1))
     copies = stack.take_demotions()  # sent in the same plan, ahead of the store into their slots
-    assert {(c.key, c.cpu) for c in copies} == {(k(0), placed[0][1]), (k(1), placed[1][1])}
+    # the older prefix goes tail first: k(1)'s slot to k(4), then k(0)'s to k(5)
+    assert {(c.key, c.cpu) for c in copies} == {(k(1), placed[0][1]), (k(0), placed[1][1])}
     stack.complete_store(in_flight, ok=True)
     stack.complete_store(placed, ok=True)
     stack.complete_demotions(copies, set())
