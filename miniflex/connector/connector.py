@@ -335,8 +335,10 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def has_pending_push_work(self) -> bool:
-        """Keep the engine stepping while jobs are in flight, so their results arrive."""
-        return self.manager.has_jobs()
+        """Keep the engine stepping while jobs are in flight, so their results arrive, and
+        for one more step when a request ended between steps (an abort) with levels that
+        /metrics has not been sent: vLLM sends stats only from a step."""
+        return self.manager.has_jobs() or bool(self._gauges)
 
     @property
     def requires_kv_delivery(self) -> bool:

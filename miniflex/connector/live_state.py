@@ -6,7 +6,9 @@ at most once per ``interval`` while requests or transfers are in flight, and
 once each time the engine falls idle, after the step that ended the last
 transfer. So the idle state (nothing pinned, no job in flight) is always the
 last one published, to the status file (:class:`StatusWriter`, which rewrites
-it on a timer) and to ``/metrics`` (gauges riding on the connector stats).
+it on a timer) and to ``/metrics`` (gauges riding on the connector stats; when
+a request ends between engine steps, the connector keeps the engine stepping
+once more so that they are sent).
 
 Gauges are keys of the stats dict that start with :data:`GAUGE_PREFIX`; they
 are levels, not counters: aggregating keeps the latest value.

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm.v1.request import RequestStatus
 
 from miniflex.cli import main
 from miniflex.connector import MiniFlexConnector
@@ -164,3 +165,18 @@ def test_prometheus_counters_follow_the_stats_vllm_reports(tmp_path: Path) -> No
     assert (value("vllm:miniflex_transfer_bytes_total", kind="load") or 0) > 0
     for where in ("scheduler_hooks", "worker_hooks", "threads"):
         assert (value("vllm:miniflex_time_taken_seconds_total", where=where) or 0) > 0, where
+
+
+def test_a_request_that_ends_between_steps_still_reaches_metrics(tmp_path: Path) -> None:
+    """vLLM sends stats only from a step: after an abort between steps left the engine idle,
+    MiniFlex asks for one more step, whose stats carry the idle levels."""
+    h = make_harness(tmp_path / "model")
+    h.add("a", [(i * 7919) % 997 + 3 for i in range(3 * CHUNK + 5)], max_tokens=100)
+    for _ in range(3):
+        h.step()  # the prompt is computed and stored; it decodes
+    h.sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)  # the client hung up
+    assert h.manager_side.has_pending_push_work()
+    h.step()
+    assert h.kv_stats[-1]["now_requests_tracked"] == 0
+    assert h.kv_stats[-1]["now_jobs_in_flight"] == 0
+    assert not h.manager_side.has_pending_push_work()

@@ -39,7 +39,7 @@ ARGS = [
 def soak(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("soak")
     run_bench("soak", "--model", str(tiny_model), *ARGS, "--out-dir", str(out), timeout=900)
-    return json.loads((out / "soak.json").read_text())
+    return json.loads((out / "soak" / "run.json").read_text())
 
 
 def rounds(soak: dict[str, Any]) -> list[dict[str, Any]]:
