@@ -32,6 +32,12 @@ def add_soak_arguments(g: argparse._ArgumentGroup) -> None:
         default=("disk_full", "kill_corrupt", "none"),
         help="faults of rounds 2.. in turn: disk_full, kill_corrupt, none",
     )
+    g.add_argument(
+        "--soak-corrupt-chunks", type=int, default=8, help="kill_corrupt: chunks damaged on SSD"
+    )
+    g.add_argument(
+        "--soak-corrupt-records", type=int, default=4, help="kill_corrupt: journal records damaged"
+    )
     g.add_argument("--soak-dtype", default="float32", help="model dtype of both servers")
     g.add_argument("--soak-disk-mib", type=int, default=96, help="the SSD tier's disk")
     g.add_argument("--soak-keep-logs", action="store_true", help="keep the servers' logs")

@@ -111,6 +111,8 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         abort_fraction=args.soak_abort_fraction,
         max_tokens=args.soak_max_tokens,
         faults=args.soak_faults,
+        corrupt_chunks=args.soak_corrupt_chunks,
+        corrupt_records=args.soak_corrupt_records,
         seed=args.seed,
     )
     engine = _engine_args(args, shape)

@@ -4,8 +4,9 @@ Plain vLLM gives the reference outputs; ``miniflex serve`` (CPU tier over an
 SSD tier on a loop-mounted 64 MiB ext4) then takes 160 requests in 4 rounds, 8
 at a time, a fifth of whose clients hang up mid-stream, with a KV cache of
 1024 tokens (vLLM preempts). Round 2 fills the disk (ENOSPC), round 3 kills
-the server with ``kill -9`` mid-round, damages chunk and journal bytes and
-restarts it on the same directory, round 4 runs clean. About 90 s on 2 cores.
+the server with ``kill -9`` mid-round, damages half the chunks on SSD and some
+journal records and restarts it on the same directory, round 4 runs clean.
+About 90 s on 2 cores.
 
 After every round the rows must show: the server alive, no output different
 from plain vLLM's, no failed request (other than those cut by the kill), and
@@ -32,6 +33,7 @@ ARGS = [
     *("--soak-docs", "32", "--soak-variants", "3", "--soak-max-tokens", "16"),
     *("--cpu-bytes", "8MiB", "--ssd-bytes", "16MiB", "--soak-disk-mib", "64"),
     *("--soak-faults", "disk_full,kill_corrupt,none"),
+    *("--soak-corrupt-chunks", "32"),  # half the SSD tier: the rounds after it read some
 ]
 
 
