@@ -93,17 +93,13 @@ def _engine_args(args: argparse.Namespace, shape: ModelShape) -> list[str]:
     ]
 
 
-def run_soak(args: argparse.Namespace, log: Progress) -> int:
-    """Run the soak; 0 if it ran (its rows say what it found)."""
-    if not args.model or not args.gpu_blocks:
-        raise ConfigError("--model/--gpu-blocks", None, "the soak needs both")
+def _workload(args: argparse.Namespace, shape: ModelShape) -> SoakWorkload:
     for fault in args.soak_faults:
         if fault not in FAULTS:
             raise ConfigError("--soak-faults", fault, "expected some of " + ", ".join(FAULTS))
-    shape = ModelShape.from_dir(args.model)
     lo, hi = args.soak_prompt_tokens
     pool = PromptPool(shape.vocab_size, args.soak_docs, args.soak_variants, (lo, hi), args.seed)
-    workload = SoakWorkload(
+    return SoakWorkload(
         pool,
         requests=args.soak_requests,
         rounds=args.soak_rounds,
@@ -115,12 +111,47 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         corrupt_records=args.soak_corrupt_records,
         seed=args.seed,
     )
+
+
+def _candidates(
+    args: argparse.Namespace, shape: ModelShape, work: Path, disk: SmallDisk, ssd_dir: str
+) -> list[Candidate]:
+    """Plain vLLM (the reference), then ``miniflex serve`` with the SSD tier in ``ssd_dir``."""
     engine = _engine_args(args, shape)
+    status = str(work / "status.json")
+    env = {
+        **os.environ,
+        "MINIFLEX_CPU_BYTES": args.cpu_bytes or "16MiB",
+        "MINIFLEX_SSD_DIRS": ssd_dir,
+        "MINIFLEX_SSD_BYTES": args.ssd_bytes or "32MiB",
+        "MINIFLEX_STATUS_FILE": status,
+        "MINIFLEX_HIT_POLICY": "load",  # read everything resident: exercise the SSD path
+    }
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIFLEX_")}
+    prompts = PromptMaker(shape.vocab_size, args.seed)
+
+    def plain() -> ServerDriver:
+        srv = ServerProcess.start("vllm", args.model, engine, plain_env, work, False)
+        return ServerDriver(srv, prompts)
+
+    def miniflex() -> ServerDriver:
+        srv = ServerProcess.start("miniflex", args.model, engine, env, work, True)
+        return ServerDriver(srv, prompts, status, ssd_dir, disk)
+
+    return [Candidate("vllm", plain), Candidate("miniflex", miniflex)]
+
+
+def run_soak(args: argparse.Namespace, log: Progress) -> int:
+    """Run the soak; 0 if it ran (its rows say what it found)."""
+    if not args.model or not args.gpu_blocks:
+        raise ConfigError("--model/--gpu-blocks", None, "the soak needs both")
+    shape = ModelShape.from_dir(args.model)
+    workload = _workload(args, shape)
     work = Path(tempfile.mkdtemp(prefix="miniflex-soak-", dir=args.ssd_dir or "/var/tmp"))
     outputs = Outputs(Path(args.out_dir), args.tag, Path(args.json) if args.json else None)
     context: dict[str, Any] = {
         "mode": "soak",
-        "engine_args": engine,
+        "engine_args": _engine_args(args, shape),
         "logs": str(work),
         "provenance": provenance(False, args.commit),
     }
@@ -128,31 +159,9 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         with SmallDisk(args.soak_disk_mib) as disk:
             ssd_dir = str(disk.path or work / "ssd")
             os.makedirs(ssd_dir, exist_ok=True)
-            status = str(work / "status.json")
-            env = {
-                **os.environ,
-                "MINIFLEX_CPU_BYTES": args.cpu_bytes or "16MiB",
-                "MINIFLEX_SSD_DIRS": ssd_dir,
-                "MINIFLEX_SSD_BYTES": args.ssd_bytes or "32MiB",
-                "MINIFLEX_STATUS_FILE": status,
-                "MINIFLEX_HIT_POLICY": "load",  # read everything resident: exercise the SSD path
-            }
-            plain_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIFLEX_")}
             context.update(ssd_dir=ssd_dir, disk=disk.reason or f"ext4 of {disk.mib} MiB")
-            prompts = PromptMaker(shape.vocab_size, args.seed)
-
-            def plain() -> ServerDriver:
-                return ServerDriver(
-                    ServerProcess.start("vllm", args.model, engine, plain_env, work, False),
-                    prompts,
-                )
-
-            def miniflex() -> ServerDriver:
-                srv = ServerProcess.start("miniflex", args.model, engine, env, work, True)
-                return ServerDriver(srv, prompts, status, ssd_dir, disk)
-
-            candidates = [Candidate("vllm", plain), Candidate("miniflex", miniflex)]
-            log(f"soak: {len(pool)} prompts, {args.soak_requests} requests; logs in {work}")
+            candidates = _candidates(args, shape, work, disk, ssd_dir)
+            log(f"soak: {len(workload.pool)} prompts, {workload.requests} requests; logs in {work}")
             ok = run_side_by_side([workload], candidates, outputs, context, log)
     finally:
         if not args.soak_keep_logs:
