@@ -30,6 +30,7 @@ Example::
     store.check()                               # RemoteError for bad credentials
     store.put(key, pool.slot(3))
     data = store.get(key)                       # bytes, or None: load it elsewhere
+    n = store.get_into(key, pool.slot(4))       # or straight into a CPU slot
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class RemoteStore(abc.ABC):
         absent, the store is down or slow (counted in ``errors``, ``timeouts``
         or ``fast_fails``), or the value failed verification (counted in
         ``corrupt`` and deleted).
+        """
+
+    @abc.abstractmethod
+    def get_into(self, key: ChunkKey, buf: bytearray | memoryview) -> int | None:
+        """Read ``key``'s verified bytes into the start of ``buf``; their length, or ``None``.
+
+        What the tier calls to fetch a hit into a CPU slot (``buf`` is the
+        slot): no intermediate copy of the whole value. ``None`` as for
+        :meth:`get`; a value longer than ``buf`` is corrupt too (one namespace
+        has one chunk size). After ``None``, ``buf``'s bytes are unspecified.
         """
 
     @abc.abstractmethod

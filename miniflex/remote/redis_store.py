@@ -26,16 +26,27 @@ from redis.retry import Retry
 
 from miniflex.errors import RemoteError
 from miniflex.remote.base import RemoteStats, RemoteStore
-from miniflex.remote.envelope import CorruptValueError, open_envelope, pack_header, split
+from miniflex.remote.envelope import (
+    CorruptValueError,
+    Header,
+    pack_header,
+    read_header,
+    split,
+    verify,
+)
 from miniflex.remote.link import Link
+from miniflex.remote.resp import RespPacker
 from miniflex.types import ChunkKey
 
-__all__ = ["PART_BYTES", "RedisStore"]
+__all__ = ["ACL_RULES", "PART_BYTES", "RedisStore"]
 
 log = logging.getLogger("miniflex.remote")
 
 PART_BYTES = 2 << 20
 """Largest field of a stored chunk (see :mod:`miniflex.remote.envelope`)."""
+
+ACL_RULES = "+@hash +@keyspace +@transaction +ping"
+"""The commands an ACL user needs besides its key pattern ``~<prefix>:*``."""
 
 _HEADER_FIELD = b"h"
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -74,6 +85,8 @@ class RedisStore(RemoteStore):
         self._scope = f"{prefix}:{namespace_digest.hex()}:"
         self._part_bytes = part_bytes
         self._user = user or "default"
+        self._has_password = bool(password)
+        self._prefix = prefix
         self._link = Link(url, retry_s)
         self._closed = False
         options: dict[str, object] = {
@@ -82,12 +95,16 @@ class RedisStore(RemoteStore):
             "socket_timeout": timeout_s,
             "socket_connect_timeout": timeout_s,
             "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,  # RESP2: any Redis or Valkey, and the proxies in front of them
         }
         if tls:
             options.update(
                 ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file
             )
-        self._client = redis.Redis.from_url(_client_url(url, tls), **options)
+        pool = redis.ConnectionPool.from_url(
+            _client_url(url, tls), command_packer=RespPacker(), **options
+        )
+        self._client = redis.Redis(connection_pool=pool)
 
     def redis_key(self, key: ChunkKey) -> str:
         """The Redis key holding ``key``'s chunk in this namespace."""
@@ -103,16 +120,12 @@ class RedisStore(RemoteStore):
                 pipe.delete(probe)
                 pipe.execute()
         except redis.AuthenticationError as exc:
-            raise RemoteError(
-                f"remote store {self.url} refused the credentials of user {self._user!r} ({exc}): "
-                "check remote_user and remote_password or remote_password_file"
-            ) from None
+            raise RemoteError(self._auth_message(exc)) from None
         except redis.exceptions.NoPermissionError as exc:
             raise RemoteError(
                 f"remote store {self.url}: user {self._user!r} may not write and read "
-                f"{self._scope}* ({exc}): grant it e.g. "
-                f"'ACL SETUSER {self._user} ~{self._scope.split(':')[0]}:* +@hash +@keyspace "
-                "+@transaction +ping +client'"
+                f"{self._scope}* ({exc}): grant it with "
+                f"'ACL SETUSER {self._user} ~{self._prefix}:* {ACL_RULES}'"
             ) from None
         except _UNREACHABLE as exc:
             if _is_tls_failure(exc):
@@ -130,6 +143,17 @@ class RedisStore(RemoteStore):
             ) from None
         self._link.succeeded()
         return True
+
+    def _auth_message(self, exc: BaseException) -> str:
+        if not self._has_password:
+            return (
+                f"remote store {self.url} requires credentials and none are set ({exc}): set "
+                "remote_password or remote_password_file, and remote_user for an ACL user"
+            )
+        return (
+            f"remote store {self.url} refused the credentials of user {self._user!r} ({exc}): "
+            "check remote_user and remote_password or remote_password_file"
+        )
 
     def put(self, key: ChunkKey, data: bytes | bytearray | memoryview) -> bool:
         view = memoryview(data).cast("B")
@@ -153,26 +177,20 @@ class RedisStore(RemoteStore):
         return True
 
     def get(self, key: ChunkKey) -> bytes | None:
-        self._link.count(gets=1)
-        name = self.redis_key(key)
-        try:
-            fields = self._call("get", lambda: _fetch(self._client, name))
-        except CorruptValueError as exc:
-            self._drop_corrupt(name, exc)
-            return None
-        if isinstance(fields, _Failed):
-            return None
-        if not fields:
-            self._link.count(misses=1)
-            return None
-        parts = [fields.get(str(i).encode(), b"") for i in range(len(fields) - 1)]
-        try:
-            data = open_envelope(fields.get(_HEADER_FIELD), parts, self._digest, key)
-        except CorruptValueError as exc:
-            self._drop_corrupt(name, exc)
-            return None
-        self._link.count(hits=1, hit_bytes=len(data))
-        return data
+        def join(header: Header, parts: list[bytes]) -> bytes:
+            verify(header, parts)
+            return b"".join(parts)
+
+        return self._read(key, join)
+
+    def get_into(self, key: ChunkKey, buf: bytearray | memoryview) -> int | None:
+        out = memoryview(buf).cast("B")
+
+        def fill(header: Header, parts: list[bytes]) -> int:
+            verify(header, parts, out)
+            return header.length
+
+        return self._read(key, fill)
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         self._link.count(lookups=len(keys))
@@ -218,6 +236,26 @@ class RedisStore(RemoteStore):
             self._link.refused(exc, what)
             return _FAILED
         self._link.succeeded()
+        return out
+
+    def _read(self, key: ChunkKey, take: Callable[[Header, list[bytes]], T]) -> T | None:
+        """Fetch ``key``'s fields and hand its verified header and parts to ``take``."""
+        self._link.count(gets=1)
+        name = self.redis_key(key)
+        try:
+            fields = self._call("get", lambda: _fetch(self._client, name))
+            if isinstance(fields, _Failed):
+                return None
+            if not fields:
+                self._link.count(misses=1)
+                return None
+            header = read_header(fields.get(_HEADER_FIELD), self._digest, key)
+            parts = [fields.get(str(i).encode(), b"") for i in range(len(fields) - 1)]
+            out = take(header, parts)
+        except CorruptValueError as exc:
+            self._drop_corrupt(name, exc)
+            return None
+        self._link.count(hits=1, hit_bytes=header.length)
         return out
 
     def _drop_corrupt(self, name: str, exc: CorruptValueError) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import redis
 
@@ -22,6 +23,24 @@ def test_values_come_back_byte_for_byte(server: LocalServer, nbytes: int) -> Non
         assert s.get(key(1)) == data
         stats = s.stats()
         assert (stats.puts, stats.put_bytes, stats.hits, stats.hit_bytes) == (1, nbytes, 1, nbytes)
+
+
+def test_get_into_fills_a_slot_and_returns_the_length(server: LocalServer) -> None:
+    slot = np.full(CHUNK_BYTES + 4096, 0xAB, dtype=np.uint8)  # a CPU slot, a little larger
+    with store(server.url) as s:
+        data = payload(CHUNK_BYTES - 100, seed=9)
+        assert s.put(key(1), data)
+        assert s.get_into(key(1), memoryview(slot)) == len(data)
+        assert slot[: len(data)].tobytes() == data
+        assert (slot[len(data) :] == 0xAB).all()  # nothing past the value is touched
+        assert s.get_into(key(2), memoryview(slot)) is None and s.stats().misses == 1
+
+
+def test_a_value_longer_than_the_slot_is_refused_as_corrupt(server: LocalServer) -> None:
+    with store(server.url) as s:
+        assert s.put(key(1), payload(8192))
+        assert s.get_into(key(1), bytearray(4096)) is None
+        assert s.stats().corrupt == 1 and s.exists([key(1)]) == [False]
 
 
 def test_buffers_are_stored_without_a_copy_by_the_caller(server: LocalServer) -> None:
@@ -90,14 +109,20 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("reader", ["get", "get_into"])
 @pytest.mark.parametrize("corrupt", list(CORRUPTIONS), ids=str)
-def test_a_corrupt_value_is_never_served_and_is_deleted(server: LocalServer, corrupt: str) -> None:
+def test_a_corrupt_value_is_never_served_and_is_deleted(
+    server: LocalServer, corrupt: str, reader: str
+) -> None:
     raw = redis.Redis.from_url(server.url)
     with store(server.url) as s:
         data = payload(CHUNK_BYTES, seed=3)
         assert s.put(key(1), data) and s.put(key(2), data)
         CORRUPTIONS[corrupt](raw, s.redis_key(key(1)))
-        assert s.get(key(1)) is None
+        if reader == "get":
+            assert s.get(key(1)) is None
+        else:
+            assert s.get_into(key(1), bytearray(CHUNK_BYTES)) is None
         assert raw.exists(s.redis_key(key(1))) == 0  # deleted, so the next lookup misses
         assert s.stats().corrupt == 1
         assert s.get(key(1)) is None and s.stats().misses == 1
