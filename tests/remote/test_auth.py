@@ -12,9 +12,12 @@ from miniflex.config import MiniFlexConfig
 from miniflex.errors import MiniFlexError, RemoteError
 from miniflex.remote import open_remote_store
 from miniflex.remote.local_server import LocalServer, ServerTLS
-from miniflex.remote.redis_store import ACL_RULES
 from tests.remote.certs import Certs, make_certs, openssl_missing
-from tests.remote.conftest import CHUNK_BYTES, key, payload, store
+from tests.remote.conftest import CHUNK_BYTES, NEEDS_SERVER, key, payload, store
+
+pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
+ACL_RULES = pytest.importorskip("miniflex.remote.redis_store").ACL_RULES
+pytestmark = NEEDS_SERVER
 
 
 def _refusal(url: str, **options: object) -> str:

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
 
 from miniflex.remote.base import RemoteStats
 from miniflex.remote.local_server import LocalServer
-from miniflex.remote.redis_store import RedisStore
-from tests.remote.conftest import CHUNK_BYTES, key, payload, store
+from tests.remote.conftest import CHUNK_BYTES, NEEDS_SERVER, key, payload, store
+
+if TYPE_CHECKING:
+    from miniflex.remote.redis_store import RedisStore
+
+pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
+pytestmark = NEEDS_SERVER
 
 TIMEOUT_S = 0.5
 RETRY_S = 0.3

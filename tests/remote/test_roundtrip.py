@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import redis
 
 from miniflex.config import MiniFlexConfig
 from miniflex.remote import open_remote_store
 from miniflex.remote.local_server import LocalServer
-from miniflex.remote.redis_store import PART_BYTES
-from tests.remote.conftest import CHUNK_BYTES, NS_A, NS_B, key, payload, store
+from tests.remote.conftest import CHUNK_BYTES, NEEDS_SERVER, NS_A, NS_B, key, payload, store
+
+redis = pytest.importorskip(
+    "redis", reason="the redis client is missing: pip install -e '.[remote]'"
+)
+PART_BYTES = pytest.importorskip("miniflex.remote.redis_store").PART_BYTES
+pytestmark = NEEDS_SERVER
 
 
 @pytest.mark.parametrize(
