@@ -7,6 +7,21 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+# The remote-tier tests start their own redis-server processes (tests/remote); as root,
+# install Debian's package (and openssl, for their TLS certificates) where missing.
+missing=()
+command -v redis-server >/dev/null || command -v valkey-server >/dev/null || missing+=(redis-server)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[test] installing ${missing[*]} (apt, about 20 s)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  else
+    echo "[test] ${missing[*]} missing and no apt-get as root: tests/remote will skip"
+  fi
+fi
 echo "[test] ruff"
 .venv/bin/ruff check miniflex tests bench scripts
 .venv/bin/ruff format --check miniflex tests bench scripts
