@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from miniflex.config_remote import REMOTE_SPECS, check_remote, read_password, tls_on
 from miniflex.errors import ConfigError
 
 __all__ = [
@@ -374,6 +375,7 @@ _SPECS: dict[str, _Spec] = {
         "(logged, and shown in stats).",
         "auto",
     ),
+    **{key: _Spec(*spec) for key, spec in REMOTE_SPECS.items()},
 }
 
 
@@ -403,6 +405,17 @@ class MiniFlexConfig:
     ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
     prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)
     status_file: str | None = field(default=_SPECS["status_file"].default)
+    remote_url: str | None = field(default=_SPECS["remote_url"].default)
+    remote_user: str | None = field(default=_SPECS["remote_user"].default)
+    remote_password: str | None = field(default=_SPECS["remote_password"].default, repr=False)
+    remote_password_file: str | None = field(default=_SPECS["remote_password_file"].default)
+    remote_prefix: str = field(default=_SPECS["remote_prefix"].default)
+    remote_tls: bool = field(default=_SPECS["remote_tls"].default)
+    remote_tls_ca_file: str | None = field(default=_SPECS["remote_tls_ca_file"].default)
+    remote_tls_cert_file: str | None = field(default=_SPECS["remote_tls_cert_file"].default)
+    remote_tls_key_file: str | None = field(default=_SPECS["remote_tls_key_file"].default)
+    remote_timeout_s: float = field(default=_SPECS["remote_timeout_s"].default)
+    remote_retry_s: float = field(default=_SPECS["remote_retry_s"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -416,6 +429,7 @@ class MiniFlexConfig:
                 f"must be below this machine's physical memory ({mem} bytes, "
                 f"{mem / 2**30:.1f} GiB)",
             )
+        check_remote({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @classmethod
     def from_dict(
@@ -434,6 +448,24 @@ class MiniFlexConfig:
             if name.startswith(ENV_PREFIX):
                 values[_known(name[len(ENV_PREFIX) :].lower(), value, name)] = value
         return cls(**{k: _SPECS[k].parse(k, v) for k, v in values.items()})
+
+    @property
+    def remote_tls_on(self) -> bool:
+        """TLS to the remote store: ``remote_tls``, or a ``rediss://`` / ``valkeys://`` URL."""
+        return tls_on(self.remote_url, self.remote_tls)
+
+    def remote_secret(self) -> str | None:
+        """The remote store's password: ``remote_password``, else ``remote_password_file``'s."""
+        if self.remote_password_file:
+            return read_password(self.remote_password_file)
+        return self.remote_password
+
+    def public_dict(self) -> dict[str, Any]:
+        """Every setting as a dict for logs and result files, the password masked."""
+        out = dataclasses.asdict(self)
+        if out["remote_password"]:
+            out["remote_password"] = "<hidden>"
+        return out
 
     def chunk_blocks(self, block_size: int) -> int:
         """``blocks_per_chunk`` resolved for vLLM's block size (``auto`` -> >= 64 tokens)."""

@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "IOBackendError",
     "MiniFlexError",
+    "RemoteError",
     "TierFullError",
     "TransferError",
 ]
@@ -41,6 +42,17 @@ class TierFullError(MiniFlexError):
 
 class TransferError(MiniFlexError):
     """Moving KV bytes between vLLM's cache and a tier failed."""
+
+
+class RemoteError(MiniFlexError):
+    """The remote store refused MiniFlex's settings: credentials, TLS or permissions.
+
+    Raised only by a start-up check, never by a put or get (those count their
+    failures). The message is one line that names the store, what it said and
+    the config keys to fix, e.g. ``remote store redis://10.0.0.5:6379 refused
+    the credentials of user 'default' (WRONGPASS ...): check remote_user and
+    remote_password / remote_password_file``.
+    """
 
 
 class IOBackendError(MiniFlexError, OSError):

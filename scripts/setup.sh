@@ -21,5 +21,5 @@ if ! "$PY" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/
   # PyPI's builds of these fail to import beside the CPU torch, and vLLM imports them if present.
   quiet_pip uninstall -y -q torchvision torchaudio torchcodec
 fi
-echo "[setup] installing miniflex (editable) with test extras"
-quiet_pip install -q -e "$ROOT[test]"
+echo "[setup] installing miniflex (editable) with the test and remote extras"
+quiet_pip install -q -e "$ROOT[test,remote]"

@@ -268,7 +268,7 @@ def _described(c: EngineConfig, tiers: TierSizes, cuda: bool) -> dict[str, Any]:
         out["kv_transfer"] = kv
         if c.connector is Connector.MINIFLEX and kv is not None:
             cfg = MiniFlexConfig.from_dict(kv["kv_connector_extra_config"])
-            out["miniflex"] = dataclasses.asdict(cfg)
+            out["miniflex"] = cfg.public_dict()
     return out
 
 

@@ -67,7 +67,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     ok = run_side_by_side(_workloads(), candidates, Outputs(out, tag="t"), {"mode": "fake"}, print)
     assert not ok, "a configuration failed, so the run must say so"
     assert all(d.closed for d in drivers) and len(drivers) == 2
-    return {w: json.loads((out / f"{w}-t.json").read_text()) for w in WORKLOADS}
+    return {w: json.loads((out / w / "t.json").read_text()) | {"dir": out} for w in WORKLOADS}
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
@@ -75,7 +75,6 @@ def test_every_workload_writes_json_rows_per_config_and_a_plot(results, workload
     payload = results[workload]
     assert payload["workload"] == workload and payload["partial"] is False
     assert {
-        "json_path",
         "title",
         "params",
         "context",
@@ -91,7 +90,7 @@ def test_every_workload_writes_json_rows_per_config_and_a_plot(results, workload
     assert payload["skipped"] == {"native": "skipped: needs CUDA"}
     assert "engine refused to start" in payload["failed"]["broken"]
     assert "lmcache" in payload["left_out"]
-    png = Path(payload["json_path"]).with_suffix(".png")
+    png = payload["dir"] / workload / "t.png"  # beside its JSON: <out-dir>/<workload>/<tag>
     assert png.exists() == HAVE_MPL
 
 
@@ -157,6 +156,6 @@ def test_an_interrupt_still_writes_what_was_measured(tmp_path: Path) -> None:
     workload = OverflowWorkload(PromptMaker(1000), prompt_tokens=128, ratios=(2.0,))
     ok = run_side_by_side([workload], candidates, Outputs(tmp_path), {}, print)
     assert not ok and interrupted.closed
-    payload = json.loads((tmp_path / "overflow.json").read_text())
+    payload = json.loads((tmp_path / "overflow" / "run.json").read_text())  # no tag: "run"
     assert payload["partial"] is True and payload["failed"] == {}
     assert [r["config"] for r in payload["rows"]] == ["apc"]

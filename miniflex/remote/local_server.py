@@ -1,0 +1,171 @@
+"""A private ``redis-server`` (or ``valkey-server``) on a free local port, for tests and demos.
+
+It runs in the foreground as a child process, with no persistence, an
+``allkeys-lru`` memory cap, and its configuration (password, ACL users, TLS)
+written to a file in its own directory, so no secret is on a command line::
+
+    with LocalServer(tmp_dir, password="s3cret") as server:
+        url = server.url                 # redis://127.0.0.1:<port>
+        server.kill(); server.start()    # a crash and a restart on the same port
+        server.pause(); server.resume()  # a hung server (SIGSTOP / SIGCONT)
+
+Operators run their own store; this is not how MiniFlex reaches one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from miniflex.errors import MiniFlexError
+
+__all__ = ["LocalServer", "ServerTLS", "free_port", "server_binary"]
+
+_BINARIES = ("redis-server", "valkey-server")
+_START_TIMEOUT_S = 10.0
+
+
+def server_binary() -> str | None:
+    """The path of ``redis-server`` or ``valkey-server``, whichever is installed; else None."""
+    for name in _BINARIES:
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """PEM files of a TLS server; ``ca_file`` also verifies clients when ``auth_clients``."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    auth_clients: bool = False
+
+
+class LocalServer:
+    """One server process on ``127.0.0.1:port``; see the module docstring."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        password: str | None = None,
+        acl_users: Sequence[str] = (),
+        tls: ServerTLS | None = None,
+        maxmemory: str = "1gb",
+        port: int | None = None,
+    ) -> None:
+        binary = server_binary()
+        if binary is None:
+            raise MiniFlexError("neither redis-server nor valkey-server is installed")
+        self.binary = binary
+        self.port = free_port() if port is None else port
+        self.tls = tls
+        self._dir = Path(directory)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._conf = self._dir / "server.conf"
+        text = _conf_text(self.port, password, acl_users, tls, maxmemory)
+        self._conf.write_text(f"dir {self._dir.resolve()}\n" + text)
+        self._conf.chmod(0o600)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalServer:
+        """Start the server and wait until it accepts connections."""
+        assert self._proc is None or self._proc.poll() is not None, "already running"
+        log = open(self._dir / "server.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self._proc = subprocess.Popen([self.binary, str(self._conf)], stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        tail = (self._dir / "server.log").read_text(errors="replace")[-2000:]
+        self.kill()
+        raise MiniFlexError(f"{self.binary} did not start on port {self.port}:\n{tail}")
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown, no save) and reap it; a no-op if it is not running."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGCONT)  # a paused process dies on SIGKILL too
+            self._proc.kill()
+        self._proc.wait()
+        self._proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and every call hangs, like an overloaded server."""
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGCONT)
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
+
+
+def _conf_text(
+    port: int,
+    password: str | None,
+    acl_users: Sequence[str],
+    tls: ServerTLS | None,
+    maxmemory: str,
+) -> str:
+    lines = [
+        "bind 127.0.0.1",
+        'save ""',
+        "appendonly no",
+        f"maxmemory {maxmemory}",
+        "maxmemory-policy allkeys-lru",
+    ]
+    if tls is None:
+        lines.append(f"port {port}")
+    else:
+        lines += [
+            "port 0",
+            f"tls-port {port}",
+            f"tls-cert-file {tls.cert_file}",
+            f"tls-key-file {tls.key_file}",
+            f"tls-ca-cert-file {tls.ca_file}",
+            f"tls-auth-clients {'yes' if tls.auth_clients else 'no'}",
+        ]
+    if password is not None:
+        lines.append(f"requirepass {password}")
+    lines += [f"user {rule}" for rule in acl_users]
+    return "\n".join(lines) + "\n"
