@@ -31,6 +31,7 @@ from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
+from miniflex.connector.model_kinds import geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.requests import load_tokens_by_tier
 from miniflex.connector.stats import MiniFlexConnectorStats
@@ -63,7 +64,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.config = MiniFlexConfig.from_dict(extra)
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
-        geometry = compat.geometry_from_config(kv_cache_config, self.config.chunk_blocks)
+        geometry = geometry_for(
+            compat.model_shape(vllm_config),
+            kv_cache_config,
+            self.config.chunk_blocks,
+            compat.hash_block_size(kv_cache_config),
+        )
         self.geometry = geometry
         self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
         if self.num_slots < 1:

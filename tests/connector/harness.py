@@ -15,20 +15,11 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -37,9 +28,16 @@ from miniflex.connector import MiniFlexConnector
 from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover, LayerwiseLoad
 from miniflex.plan import ChunkMove
-
-BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
-
+from tests.connector.engine_config import (
+    BLOCK,
+    HEAD,
+    HEADS,
+    LAYERS,
+    capture_graphs,
+    make_kv_cache_config,
+    make_vllm_config,
+    write_model_config,
+)
 
 POISON = -1234.0
 """What the blocks of a layerwise load hold until their layer is waited for."""
@@ -313,52 +311,21 @@ def make_harness(
     ``CUDAGraphMode`` name (``FULL_AND_PIECEWISE``, vLLM's default on GPUs); each
     step is then dispatched by vLLM's own CudagraphDispatcher, and a step it
     replays as a full graph calls no ``wait_for_layer_load``."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(
-        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,'
-        f' "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": {HEADS},'
-        f' "num_hidden_layers": {LAYERS}, "head_dim": {HEAD}, "vocab_size": 1000,'
-        ' "max_position_embeddings": 4096, "torch_dtype": "float16"}'
-    )
-    mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0)
-    sc = SchedulerConfig(
-        max_num_seqs=8,
-        max_num_batched_tokens=max_batched,
-        max_model_len=2048,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-    )
-    cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    kt = KVTransferConfig(
-        kv_connector="MiniFlexConnector",
-        kv_connector_module_path="miniflex.connector",
-        kv_role="kv_both",
-        kv_connector_extra_config={
+    write_model_config(model_dir)
+    vc = make_vllm_config(
+        model_dir,
+        {
             "cpu_bytes": cpu_bytes,
             "blocks_per_chunk": blocks_per_chunk,
             "load_mode": load_mode,
             **(extra or {}),
         },
+        num_blocks,
+        max_batched,
     )
-    vc = VllmConfig(
-        model_config=mc,
-        scheduler_config=sc,
-        cache_config=cc,
-        kv_transfer_config=kt,
-        device_config=DeviceConfig("cpu"),
-    )
-    vc.cache_config.num_gpu_blocks = num_blocks
     if cudagraphs is not None:
-        _capture_graphs(vc, cudagraphs)
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16
-    )
-    kcc = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}" for i in range(LAYERS)], spec)],
-    )
-    kcc.kv_cache_layout = "LBHNC"
+        capture_graphs(vc, cudagraphs)
+    kcc = make_kv_cache_config(num_blocks)
     init_none_hash(sha256)
     # vLLM's order: the workers register their KV caches (and open their SSD
     # stores) before the scheduler, and so its connector, is built.
@@ -386,17 +353,3 @@ def make_harness(
         graphs = CudagraphDispatcher(vc)
         graphs.initialize_cudagraph_keys(vc.compilation_config.cudagraph_mode, 1)
     return Harness(sched, worker, kv, mover, {}, graphs=graphs)
-
-
-def _capture_graphs(vc: VllmConfig, mode: str) -> None:
-    """Configure CUDA graphs as vLLM does on a GPU (the CPU backend turns them off), before
-    the scheduler and so its connector are built: batches of up to 16 tokens captured."""
-    from vllm.config import CompilationMode, CUDAGraphMode
-
-    cc = vc.compilation_config
-    cc.mode = CompilationMode.VLLM_COMPILE
-    cc.splitting_ops = list(cc._attention_ops)  # attention runs between piecewise graphs
-    cc.use_inductor_graph_partition = False
-    cc.cudagraph_mode = CUDAGraphMode[mode]
-    cc.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
-    cc.max_cudagraph_capture_size = 16
