@@ -39,6 +39,7 @@ from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import Namespace
 from miniflex.plan import JobKind, TransferPlan
+from miniflex.ranks import TPPlacement
 from miniflex.types import ReqId
 
 if TYPE_CHECKING:
@@ -71,12 +72,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
             compat.hash_block_size(kv_cache_config),
         )
         self.geometry = geometry
-        self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
+        self.placement = TPPlacement(compat.tp_size(vllm_config))
+        self.num_slots = self.placement.per_store(self.config.cpu_bytes) // geometry.slot_bytes
         if self.num_slots < 1:
             raise ConfigError(
                 "cpu_bytes",
                 self.config.cpu_bytes,
-                f"must hold at least one chunk ({geometry.slot_bytes} bytes for this model)",
+                f"must hold at least one chunk per CPU pool ({self.placement.stores} pool(s) "
+                f"of {geometry.slot_bytes}-byte chunks for this model)",
             )
         self.page_order = compat.page_order(kv_cache_config)
         self.ns = Namespace(
@@ -88,7 +91,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             head_size=geometry.head_size,
             block_size=geometry.block_size,
             blocks_per_chunk=geometry.blocks_per_chunk,
-            tp_size=compat.tp_size(vllm_config),
+            tp_size=self.placement.tp_size,
+            replicated=self.placement.replicated,
         )
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None
@@ -101,7 +105,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 # A cache miss must never fail a request: recompute what could not be loaded.
                 logger.info("MiniFlex sets kv_load_failure_policy=recompute")
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
-            ssd_slots = ssd_tier.num_slots(self.config, geometry.slot_bytes)
+            ssd_slots = ssd_tier.num_slots(self.config, geometry.slot_bytes, self.placement)
             self._manager = MiniFlexManager(
                 self.config,
                 self.ns,
@@ -113,7 +117,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 compat.graph_rule(vllm_config),
                 compat.max_model_len(vllm_config),
             )
-            recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
+            recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns, self.placement)
             if self.config.status_file:
                 self._status = StatusWriter(self.config.status_file, self._manager.status)
             if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
@@ -142,12 +146,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
         return self._handler
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        rank = compat.tp_rank()
         layout = self.handler.register(
             kv_caches,
             self.num_slots,
             self.geometry.blocks_per_chunk,
-            compat.tp_rank(),
-            self.ns.digest,
+            rank,
+            self.ns.shard(rank).digest,
+            self.placement,
         )
         if layout.geometry != self.geometry or layout.order != self.page_order:
             raise TransferError(

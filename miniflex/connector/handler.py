@@ -55,6 +55,7 @@ from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
 from miniflex.pool import HostPool
+from miniflex.ranks import SINGLE_RANK, TPPlacement
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
@@ -106,14 +107,17 @@ class MiniFlexHandler:
         blocks_per_chunk: int,
         rank: int = 0,
         namespace_digest: bytes | None = None,
+        placement: TPPlacement = SINGLE_RANK,
     ) -> KVLayout:
-        """Bind to vLLM's KV tensors; opens the SSD store (``namespace_digest`` names it)."""
+        """Bind to vLLM's KV tensors; opens this rank's SSD store (``namespace_digest``, its
+        shard's, names it; ``placement`` splits the engine's ``ssd_bytes``)."""
         self.layout = layout_from_tensors(kv_caches, blocks_per_chunk)
         path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
         self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
         if self.config.ssd_dirs:
             assert namespace_digest is not None, "the SSD tier needs the namespace digest"
-            self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank)
+            ssd_bytes = placement.per_store(self.config.ssd_bytes)
+            self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank, ssd_bytes)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())

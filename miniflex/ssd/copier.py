@@ -40,14 +40,24 @@ class SSDCopier:
     """
 
     def __init__(
-        self, config: MiniFlexConfig, pool: HostPool, namespace_digest: bytes, rank: int = 0
+        self,
+        config: MiniFlexConfig,
+        pool: HostPool,
+        namespace_digest: bytes,
+        rank: int = 0,
+        total_bytes: int | None = None,
     ) -> None:
+        """``total_bytes``: this store's size (default ``ssd_bytes``; with TP, its share)."""
         self._pool = pool
         self._io = make_backend(config.ssd_io)
         try:
             dirs = self._dirs = rank_dirs(config.ssd_dirs, rank, create=True)
             self.store = SSDStore(
-                dirs, config.ssd_bytes, pool.slot_bytes, namespace_digest, backend=self._io
+                dirs,
+                config.ssd_bytes if total_bytes is None else total_bytes,
+                pool.slot_bytes,
+                namespace_digest,
+                backend=self._io,
             )
         except BaseException:
             self._io.close()
