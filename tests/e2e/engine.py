@@ -39,7 +39,10 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, 2000) for _ in range(n)]
 
 
-def make_llm(model: Path, kv_tokens: int, miniflex: dict[str, Any] | None) -> Any:
+def make_llm(
+    model: Path, kv_tokens: int, miniflex: dict[str, Any] | None, **engine_args: Any
+) -> Any:
+    """``engine_args``: more ``vllm.LLM`` arguments (``tensor_parallel_size``, ...)."""
     mf = None if miniflex is None else {"blocks_per_chunk": BLOCKS_PER_CHUNK, **miniflex}
     return offline.make_llm(
         model,
@@ -47,6 +50,7 @@ def make_llm(model: Path, kv_tokens: int, miniflex: dict[str, Any] | None) -> An
         kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
         block_size=BLOCK_SIZE,
         max_model_len=2048,
+        **engine_args,
     )
 
 

