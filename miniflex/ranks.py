@@ -18,8 +18,9 @@ a replicated one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["SINGLE_RANK", "TPPlacement"]
+__all__ = ["SINGLE_RANK", "RankSetup", "TPPlacement"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,19 @@ class TPPlacement:
 
 SINGLE_RANK = TPPlacement()
 """An engine without tensor parallelism."""
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What one worker needs to know about its place in the engine, given at registration."""
+
+    rank: int = 0
+    placement: TPPlacement = SINGLE_RANK
+    shard_digest: bytes | None = None
+    """The namespace digest of this rank's bytes (names its SSD store)."""
+    shared_pool: Path | None = None
+    """The file every rank maps for a replicated cache's pool (``placement.shared_pool``)."""
+
+    @property
+    def writes(self) -> bool:
+        return self.placement.writes(self.rank)

@@ -39,6 +39,7 @@ from miniflex.types import BlockId, ReqId, Tier
 __all__ = [
     "block_hashes",
     "cache_hit_sources",
+    "engine_id",
     "hash_block_size",
     "graph_rule",
     "hit_source",
@@ -120,6 +121,11 @@ def page_order(kv_cache_config: Any) -> str:
 
 def model_name(vllm_config: Any) -> str:
     return str(vllm_config.model_config.model)
+
+
+def engine_id(vllm_config: Any) -> str:
+    """The engine's id, the same in the scheduler and every worker (vLLM syncs it over TP)."""
+    return str(vllm_config.kv_transfer_config.engine_id)
 
 
 def tp_size(vllm_config: Any) -> int:

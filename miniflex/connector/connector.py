@@ -39,7 +39,8 @@ from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import Namespace
 from miniflex.plan import JobKind, TransferPlan
-from miniflex.ranks import TPPlacement
+from miniflex.ranks import RankSetup, TPPlacement
+from miniflex.shared_pool import shared_pool_path
 from miniflex.types import ReqId
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             compat.hash_block_size(kv_cache_config),
         )
         self.geometry = geometry
-        self.placement = TPPlacement(compat.tp_size(vllm_config))
+        self.placement = TPPlacement(compat.tp_size(vllm_config), replicated=geometry.latent)
         self.num_slots = self.placement.per_store(self.config.cpu_bytes) // geometry.slot_bytes
         if self.num_slots < 1:
             raise ConfigError(
@@ -82,6 +83,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 f"of {geometry.slot_bytes}-byte chunks for this model)",
             )
         self.page_order = compat.page_order(kv_cache_config)
+        self.engine_id = compat.engine_id(vllm_config)
         self.ns = Namespace(
             model=compat.model_name(vllm_config),
             dtype=geometry.dtype,
@@ -92,6 +94,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             block_size=geometry.block_size,
             blocks_per_chunk=geometry.blocks_per_chunk,
             tp_size=self.placement.tp_size,
+            latent=geometry.latent,
             replicated=self.placement.replicated,
         )
         self._manager: MiniFlexManager | None = None
@@ -147,13 +150,16 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         rank = compat.tp_rank()
-        layout = self.handler.register(
-            kv_caches,
-            self.num_slots,
-            self.geometry.blocks_per_chunk,
+        setup = RankSetup(
             rank,
-            self.ns.shard(rank).digest,
             self.placement,
+            self.ns.shard(rank).digest,
+            shared_pool_path(self.engine_id, self.config.cpu_pool_file)
+            if self.placement.shared_pool
+            else None,
+        )
+        layout = self.handler.register(
+            kv_caches, self.num_slots, self.geometry.blocks_per_chunk, setup, self.geometry.latent
         )
         if layout.geometry != self.geometry or layout.order != self.page_order:
             raise TransferError(

@@ -30,7 +30,8 @@ one-line message names the model, the KV cache spec and the reason, e.g.::
 Served: one group of ``FullAttentionSpec``, including the sliding-window or
 chunked-local layers that vLLM promotes to full attention when its hybrid KV
 cache manager is off (it then keeps every block of every layer, so every page
-MiniFlex stores is live).
+MiniFlex stores is live); one group of ``MLAAttentionSpec`` (DeepSeek-V2/V3's
+latent cache: one KV "head", the same on every TP rank).
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ _UNKNOWN = (
     "a KV cache spec MiniFlex does not know; its pages may hold state that a prefix "
     "cache cannot restore"
 )
-_SERVED = frozenset({"FullAttentionSpec"})
+_SERVED = frozenset({"FullAttentionSpec", "MLAAttentionSpec"})
+_PLAIN_MLA_DTYPES = frozenset({None, "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+"""MLA cache dtypes whose pages are plain values (``fp8_ds_mla`` and the fp4 formats pack
+scales into the page)."""
 _PLAIN_QUANT = frozenset({0, 1})
 """``KVQuantMode`` values whose pages are plain values: NONE, FP8_PER_TENSOR (one scale per
 layer, kept with the weights)."""
@@ -109,6 +113,8 @@ def refusal_of_spec(spec: Any) -> str | None:
             f"KV cache quantization {getattr(spec.kv_quant_mode, 'name', quant)} keeps scales "
             "MiniFlex has not verified it restores; use an unquantized or fp8 KV cache"
         )
+    if name == "MLAAttentionSpec":
+        return _refusal_of_mla(spec)
     if getattr(spec, "head_size_v", None) not in (None, spec.head_size):
         return f"K and V head sizes differ ({spec.head_size} and {spec.head_size_v})"
     packed = any(
@@ -116,6 +122,20 @@ def refusal_of_spec(spec: Any) -> str | None:
     )
     if packed or getattr(spec, "tokens_per_state", 1) != 1:
         return "packed or multi-token pages, which MiniFlex has not verified it restores"
+    return None
+
+
+def _refusal_of_mla(spec: Any) -> str | None:
+    dtype = getattr(spec, "cache_dtype_str", None)
+    if dtype not in _PLAIN_MLA_DTYPES:
+        return (
+            f"MLA cache dtype {dtype!r} packs scales into its pages; MiniFlex has not verified it"
+        )
+    if getattr(spec, "model_version", None) is not None:
+        return (
+            f"the sparse MLA cache of {spec.model_version} (compressed states, indexer) is not a "
+            "page of one latent vector per token"
+        )
     return None
 
 
@@ -177,6 +197,7 @@ def geometry_for(
             hash_block_size,
             f"must equal the block size {spec.block_size} for MiniFlex",
         )
+    latent = type(spec).__name__ == "MLAAttentionSpec"
     return KVGeometry(
         num_layers=len(groups[0].layer_names),
         num_kv_heads=int(spec.num_kv_heads),
@@ -185,4 +206,5 @@ def geometry_for(
         dtype=str(spec.dtype).removeprefix("torch."),
         itemsize=int(spec.dtype.itemsize),
         blocks_per_chunk=blocks_per_chunk(int(spec.block_size)),
+        latent=latent,
     )

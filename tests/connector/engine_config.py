@@ -23,6 +23,13 @@ from vllm.config import (
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
 BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
+LATENT = 32
+"""Values of an MLA layer's latent vector per token (DeepSeek's are 512 + 64)."""
+
+
+def page_shape(mla: bool) -> tuple[int, int, int]:
+    """``(heads, block_size, values)`` of one page: K|V per KV head, or one latent head."""
+    return (1, BLOCK, LATENT) if mla else (HEADS, BLOCK, 2 * HEAD)
 
 
 def write_model_config(model_dir: Path, **overrides: Any) -> Path:
@@ -82,6 +89,12 @@ def full_attention() -> FullAttentionSpec:
     return FullAttentionSpec(
         block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16
     )
+
+
+def mla_attention() -> Any:
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.float16)
 
 
 def make_kv_cache_config(

@@ -33,6 +33,8 @@ from tests.connector.engine_config import (
     capture_graphs,
     make_kv_cache_config,
     make_vllm_config,
+    mla_attention,
+    page_shape,
     write_model_config,
 )
 from tests.connector.movers import POISON, GatedMover
@@ -71,6 +73,8 @@ class Harness:
     """Blocks the workers reported as load errors (vLLM recomputes them), over every step."""
     aggregator: Any = None
     """vLLM's KVOutputAggregator, which merges the ranks' outputs (TP > 1)."""
+    mla: bool = False
+    """The model caches MLA latent vectors (one head, the same on every rank)."""
 
     @property
     def worker(self) -> MiniFlexConnector:
@@ -202,10 +206,12 @@ class Harness:
 
     def page(self, req: Request, block_index: int, layer: int, rank: int = 0) -> torch.Tensor:
         """What the stand-in model writes for a block: a function of its prefix hash (and of
-        the rank, whose KV heads differ from the other ranks')."""
+        the rank, whose KV heads differ from the other ranks'; MLA's latent cache is the
+        same on every rank)."""
         seed = int.from_bytes(bytes(req.block_hashes[block_index])[:6], "little")
-        gen = torch.Generator().manual_seed(seed + layer + 1_000_003 * rank)
-        return torch.randn(HEADS, BLOCK, 2 * HEAD, generator=gen).half()
+        shard = 0 if self.mla else rank
+        gen = torch.Generator().manual_seed(seed + layer + 1_000_003 * shard)
+        return torch.randn(*page_shape(self.mla), generator=gen).half()
 
     def _graph_mode(self, so: SchedulerOutput) -> str:
         """How vLLM's model runner would run this step: its own uniform-decode test and
@@ -284,6 +290,7 @@ def make_harness(
     load_mode: str = "async",
     cudagraphs: str | None = None,
     tp_size: int = 1,
+    mla: bool = False,
 ) -> Harness:
     """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's).
 
@@ -293,7 +300,8 @@ def make_harness(
     step is then dispatched by vLLM's own CudagraphDispatcher, and a step it
     replays as a full graph calls no ``wait_for_layer_load``. ``tp_size``: that many
     workers, each with KV tensors of its own, run every plan; vLLM's
-    KVOutputAggregator merges their outputs as its executor does."""
+    KVOutputAggregator merges their outputs as its executor does. ``mla``: the layers
+    cache one latent head (``MLAAttentionSpec``), the same bytes on every rank."""
     write_model_config(model_dir)
     vc = make_vllm_config(
         model_dir,
@@ -309,11 +317,12 @@ def make_harness(
     vc.parallel_config.tensor_parallel_size = vc.parallel_config.world_size = tp_size
     if cudagraphs is not None:
         capture_graphs(vc, cudagraphs)
-    kcc = make_kv_cache_config(num_blocks)
+    layers = [f"layer{i}" for i in range(LAYERS)]
+    kcc = make_kv_cache_config(num_blocks, [(layers, mla_attention())] if mla else None)
     init_none_hash(sha256)
     # vLLM's order: the workers register their KV caches (and open their SSD
     # stores) before the scheduler, and so its connector, is built.
-    ranks = [make_rank(vc, kcc, rank, num_blocks) for rank in range(tp_size)]
+    ranks = [make_rank(vc, kcc, rank, num_blocks, mla) for rank in range(tp_size)]
     sched = Scheduler(
         vllm_config=vc,
         kv_cache_config=kcc,
@@ -332,7 +341,7 @@ def make_harness(
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
         aggregator = KVOutputAggregator(tp_size)
-    return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator)
+    return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator, mla=mla)
 
 
 @contextlib.contextmanager
@@ -346,12 +355,12 @@ def as_rank(rank: int) -> Iterator[None]:
         compat.tp_rank = real
 
 
-def make_rank(vc: Any, kcc: Any, rank: int, num_blocks: int) -> Rank:
+def make_rank(vc: Any, kcc: Any, rank: int, num_blocks: int, mla: bool = False) -> Rank:
     """A worker of TP rank ``rank`` with its own KV tensors, registered as vLLM does."""
     with as_rank(rank):
         worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
         kv = {
-            f"layer{i}": torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16)
+            f"layer{i}": torch.zeros(num_blocks, *page_shape(mla), dtype=torch.float16)
             for i in range(LAYERS)
         }
         worker.register_kv_caches(kv)

@@ -55,6 +55,7 @@ class GatedMover(KVMover):
         self.fail_layerwise = False
         self.fail_loads = 0
         self.fail_stores = 0
+        self.calls = {"store": 0, "load": 0}
         self.log: list[tuple[str, int]] = []  # ("wait", layer) and the harness's ("read", layer)
 
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
@@ -62,6 +63,7 @@ class GatedMover(KVMover):
         if self.fail_stores > 0:
             self.fail_stores -= 1
             raise TransferError("injected store failure")
+        self.calls["store"] += 1
         with self.lock:
             return self.inner.store(chunks, after)
 
@@ -70,6 +72,7 @@ class GatedMover(KVMover):
         if self.fail_loads > 0:
             self.fail_loads -= 1
             raise TransferError("injected load failure")
+        self.calls["load"] += 1
         with self.lock:
             return self.inner.load(chunks, after)
 

@@ -62,6 +62,17 @@ def mamba() -> Any:
     return spec("MambaSpec", block_size=BLOCK, shapes=((4, 8),), dtypes=(torch.float16,))
 
 
+def mla(**kwargs: Any) -> Any:
+    return spec(
+        "MLAAttentionSpec",
+        block_size=BLOCK,
+        num_kv_heads=1,
+        head_size=32,
+        dtype=torch.float16,
+        **kwargs,
+    )
+
+
 CASES = {
     "mamba_hybrid": Case(
         lambda: [(LAYERS_A, full_attention()), (LAYERS_B, mamba())],
@@ -98,6 +109,14 @@ CASES = {
     "uneven_k_v_heads": Case(
         lambda: [(LAYERS_A, spec("FullAttentionSpec", **ATTN, head_size_v=2 * HEAD))],
         ("FullAttentionSpec", "K and V head sizes differ"),
+    ),
+    "mla_with_scales_in_its_pages": Case(
+        lambda: [(LAYERS_A, mla(cache_dtype_str="fp8_ds_mla"))],
+        ("MLAAttentionSpec", "fp8_ds_mla", "packs scales"),
+    ),
+    "sparse_mla": Case(
+        lambda: [(LAYERS_A, mla(model_version="deepseek_v4"))],
+        ("MLAAttentionSpec", "deepseek_v4", "indexer"),
     ),
     "unknown_spec": Case(
         lambda: [(LAYERS_A, MysterySpec(**ATTN))],

