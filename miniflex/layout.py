@@ -161,7 +161,9 @@ def layout_from_tensors(
     s_b, s_h, s_n, s_c = strides
     if s_c != 1:
         raise TransferError(f"KV cache strides {tuple(first.stride())}: last axis not contiguous")
-    if s_n == c and s_h == block_size * c:
+    if latent and s_n == c:
+        order = "LBHNC"  # one head: both orders are the same bytes
+    elif s_n == c and s_h == block_size * c:
         order = "LBHNC"
     elif s_h == c and s_n == heads * c:
         order = "LBNHC"

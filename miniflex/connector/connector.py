@@ -82,7 +82,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 f"must hold at least one chunk per CPU pool ({self.placement.stores} pool(s) "
                 f"of {geometry.slot_bytes}-byte chunks for this model)",
             )
-        self.page_order = compat.page_order(kv_cache_config)
+        # a latent cache has one head: its page is the same bytes in either order
+        self.page_order = "LBHNC" if geometry.latent else compat.page_order(kv_cache_config)
         self.engine_id = compat.engine_id(vllm_config)
         self.ns = Namespace(
             model=compat.model_name(vllm_config),
