@@ -135,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(" | ".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        from miniflex.bench.offline import on_cuda
+        from miniflex.bench.provenance import provenance
+
+        record = {"provenance": provenance(on_cuda()), "command": sys.argv, "rows": rows}
+        args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 
