@@ -82,12 +82,15 @@ class SharedPool(HostPool):
             with self._locked(fcntl.LOCK_EX):
                 found = os.fstat(self._fd).st_size
                 if found == 0:
+                    self._check_room(size)
                     os.ftruncate(self._fd, size)
                 elif found != size:
                     raise self._taken()
                 self._mmap = mmap.mmap(self._fd, size, mmap.MAP_SHARED)
                 self._attach(np.frombuffer(self._mmap, dtype=np.int64, count=5), ranks)
         except BaseException:
+            if self._fd is not None and os.fstat(self._fd).st_size == 0:
+                self.path.unlink(missing_ok=True)  # nothing was set up in it
             self.close()
             raise
         self._ledger = np.frombuffer(self._mmap, dtype=np.int64, count=num_slots, offset=_HEADER)
@@ -103,6 +106,19 @@ class SharedPool(HostPool):
         header[3] += 1
         if header[3] == ranks and not self._keep:
             self.path.unlink(missing_ok=True)  # every rank has it mapped
+
+    def _check_room(self, size: int) -> None:
+        """A file system too small for the pool would fail a write into it much later, with
+        SIGBUS (a container's /dev/shm is often 64 MiB): refuse it at start-up instead."""
+        st = os.statvfs(self.path.parent)
+        free = st.f_bavail * st.f_frsize
+        if free < size:
+            raise ConfigError(
+                "cpu_pool_file",
+                str(self.path),
+                f"room for the {size}-byte pool every rank maps ({free} bytes free there); "
+                "give cpu_pool_file a path on a larger memory file system, or lower cpu_bytes",
+            )
 
     def _taken(self) -> ConfigError:
         return ConfigError(

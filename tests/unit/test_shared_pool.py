@@ -69,3 +69,13 @@ def test_a_rank_waits_for_the_read_that_job_published_and_not_an_older_one(
     assert not reader.wait_published(SlotId(0), job_id=8, timeout_s=5)
     writer.close()
     reader.close()
+
+
+def test_a_file_system_too_small_for_the_pool_is_refused_at_start_up(tmp_path: Path) -> None:
+    import os
+
+    st = os.statvfs(tmp_path)
+    too_many = st.f_bavail * st.f_frsize // SLOT + 1
+    with pytest.raises(ConfigError, match="bytes free there"):
+        SharedPool(too_many, SLOT, tmp_path / "pool", ranks=2)
+    assert not (tmp_path / "pool").exists()
