@@ -97,6 +97,8 @@ def model_shape(vllm_config: Any) -> ModelShape:
             int(getattr(pc, "decode_context_parallel_size", 1) or 1),
             int(getattr(pc, "prefill_context_parallel_size", 1) or 1),
         ),
+        tensor_parallel=int(pc.tensor_parallel_size),
+        rank_schedulers=getattr(pc, "distributed_executor_backend", None) == "external_launcher",
     )
 
 

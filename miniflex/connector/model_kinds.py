@@ -15,7 +15,8 @@ cache holds something else:
   multi-state pages, quantization with per-token scales, any spec it does not
   know),
 * and parallel layouts whose ranks do not all hold the same layers and tokens
-  (pipeline or context parallelism).
+  (pipeline or context parallelism), or that give each TP rank a scheduler of
+  its own (vLLM's ``external_launcher``: one plan must drive every rank).
 
 vLLM builds the KV cache config after loading the weights, so this runs then,
 in every worker and in the scheduler, before the KV cache is allocated and
@@ -95,6 +96,9 @@ class ModelShape:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     """The larger of decode and prefill context parallelism."""
+    tensor_parallel: int = 1
+    rank_schedulers: bool = False
+    """Each rank runs its own scheduler (vLLM's ``external_launcher`` executor)."""
 
 
 def refusal_of_spec(spec: Any) -> str | None:
@@ -159,6 +163,15 @@ def _check_parallel(shape: ModelShape) -> None:
             f"pipeline_parallel_size={shape.pipeline_parallel}",
             "every rank must hold every layer for one plan to drive all ranks; "
             "use tensor parallelism",
+        )
+    if shape.rank_schedulers and shape.tensor_parallel > 1:
+        raise _refuse(
+            shape,
+            f"tensor_parallel_size={shape.tensor_parallel} with a scheduler per rank "
+            "(external_launcher)",
+            "each rank's MiniFlex would decide its own hits, and a store or load that failed "
+            "on one rank only would make the ranks' schedules diverge; use vLLM's mp or ray "
+            "executor",
         )
     if shape.context_parallel > 1:
         raise _refuse(

@@ -165,6 +165,17 @@ def test_parallel_layouts_whose_ranks_hold_other_layers_or_tokens_are_refused(
         build(tmp_path, None, KVConnectorRole.SCHEDULER, **{setting: value})
 
 
+def test_tensor_parallel_ranks_that_schedule_on_their_own_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="external_launcher"):
+        build(
+            tmp_path,
+            None,
+            KVConnectorRole.SCHEDULER,
+            tensor_parallel_size=2,
+            distributed_executor_backend="external_launcher",
+        )
+
+
 def test_sliding_window_layers_promoted_to_full_attention_are_served(tmp_path: Path) -> None:
     """vLLM's hybrid KV cache manager off: every block of every layer is kept, so every
     page MiniFlex stores stays live (the window only limits what attention reads)."""
