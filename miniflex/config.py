@@ -168,7 +168,9 @@ def _parse_dirs(key: str, value: object) -> tuple[str, ...]:
     dirs = tuple(p.strip() for p in parts if p.strip())
     for d in dirs:
         if not os.path.isdir(d):
-            raise ConfigError(key, value, f"{d!r} is not an existing directory")
+            raise ConfigError(
+                key, value, f"{d!r} is not an existing directory; create it or fix the path"
+            )
     if len({os.path.realpath(d) for d in dirs}) != len(dirs):
         raise ConfigError(key, value, "expected distinct directories (one data file each)")
     return dirs
@@ -364,7 +366,9 @@ _SPECS: dict[str, _Spec] = {
         lambda k, v: _parse_path(k, v),
         None,
         "Write the scheduler's live state (tiers, cost model, cumulative counters) to this "
-        "JSON file every 2 s, atomically; `miniflex inspect FILE` prints it. Empty: off.",
+        "JSON file, atomically, every second from a thread of its own, idle or not; the state "
+        "is refreshed while busy (at most once a second) and when the engine falls idle. "
+        "`miniflex inspect FILE` prints it, its age and whether the engine runs. Empty: off.",
         "",
     ),
     "ssd_io": _Spec(

@@ -10,6 +10,8 @@ configured (docs/config.md). Example::
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 from miniflex.errors import ConfigError
 from miniflex.table import format_table
 
-__all__ = ["inspect_status", "load_status"]
+__all__ = ["engine_liveness", "inspect_status", "load_status"]
 
 
 def load_status(path: str | Path) -> dict[str, Any]:
@@ -31,15 +33,56 @@ def load_status(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def engine_liveness(status: dict[str, Any], now: float | None = None) -> str:
+    """Whether the engine that wrote ``status`` runs, judged by its pid and the file's age.
+
+    The engine rewrites the file every ``interval_s`` seconds, idle or not: a
+    file much older than that, from a live pid, means a stuck engine.
+    """
+    now = time.time() if now is None else now
+    pid, host = status.get("pid"), status.get("host")
+    interval = float(status.get("interval_s", 2.0))
+    age = now - float(status.get("written_at", 0))
+    if host and host != socket.gethostname():
+        return f"written on host {host}: whether its engine runs is not known here"
+    if not isinstance(pid, int) or not _alive(pid):
+        return f"engine not running (pid {pid} is gone): this is its last state"
+    if age > 3 * interval + 1:
+        return (
+            f"engine pid {pid} runs but has not written for {age:.0f} s (every {interval:g} s "
+            "when well): it may be stuck"
+        )
+    return "engine alive"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return True
+
+
 def inspect_status(path: str | Path) -> str:
-    """The status file as text: tiers, the cost model, and cumulative counters."""
+    """The status file as text: liveness and age, tiers, the cost model, cumulative counters."""
     s = load_status(path)
-    age = time.time() - float(s.get("written_at", 0))
+    now = time.time()
+    age = now - float(s.get("written_at", 0))
+    state_age = now - float(s.get("state_at", s.get("written_at", 0)))
     cm = s["cost_model"]
     prefill = cm.get("prefill")
     lines = [
-        f"MiniFlex status of pid {s.get('pid')}, written {age:.0f} s ago; namespace "
-        f"{str(s.get('namespace', ''))[:12]}, {s.get('chunk_tokens')} tokens per chunk",
+        f"MiniFlex status of pid {s.get('pid')}: {engine_liveness(s, now)}",
+        f"written {age:.1f} s ago; state from {state_age:.1f} s ago (refreshed while busy, "
+        f"at most every {float(s.get('interval_s', 2.0)):g} s, and when idle); requests tracked "
+        f"{s.get('requests_tracked')}, jobs in flight {s.get('jobs_in_flight')}",
+        f"namespace {str(s.get('namespace', ''))[:12]}, {s.get('chunk_tokens')} tokens per chunk",
         "",
         format_table(s["tiers"]),
         "",

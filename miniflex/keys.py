@@ -27,11 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from miniflex.layout import KVGeometry
 from miniflex.types import ChunkKey
 
 __all__ = [
     "FORMAT_VERSION",
     "Namespace",
+    "namespace_for",
     "chunk_key",
     "chunk_keys_from_block_hashes",
     "chunk_keys_from_tokens",
@@ -86,6 +88,25 @@ class Namespace:
     def key_digest(self) -> bytes:
         """16 bytes over every field but ``tp_rank``: chunk keys are the same on every rank."""
         return _digest(self, ("tp_rank",))
+
+
+def namespace_for(
+    model: str, geometry: KVGeometry, layout: str, tp_size: int = 1, replicated: bool = False
+) -> Namespace:
+    """The namespace of a model's chunks of ``geometry`` in page order ``layout``."""
+    return Namespace(
+        model=model,
+        dtype=geometry.dtype,
+        layout=layout,
+        num_layers=geometry.num_layers,
+        num_kv_heads=geometry.num_kv_heads,
+        head_size=geometry.head_size,
+        block_size=geometry.block_size,
+        blocks_per_chunk=geometry.blocks_per_chunk,
+        tp_size=tp_size,
+        latent=geometry.latent,
+        replicated=replicated,
+    )
 
 
 def _digest(ns: Namespace, leave_out: tuple[str, ...]) -> bytes:

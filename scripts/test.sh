@@ -7,11 +7,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-# The remote-tier tests start their own redis-server processes (tests/remote); as root,
-# install Debian's package (and openssl, for their TLS certificates) where missing.
+# The remote-tier tests start their own redis-server processes (tests/remote), and the
+# soak (tests/e2e/test_soak.py) puts its SSD tier on a loop-mounted ext4; as root, install
+# Debian's packages (and openssl, for the TLS certificates) where missing.
 missing=()
 command -v redis-server >/dev/null || command -v valkey-server >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[test] installing ${missing[*]} (apt, about 20 s)"
@@ -19,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       "${missing[@]}" >/dev/null
   else
-    echo "[test] ${missing[*]} missing and no apt-get as root: tests/remote will skip"
+    echo "[test] ${missing[*]} missing and no apt-get as root: tests/remote (or the soak's full disk) will skip"
   fi
 fi
 echo "[test] ruff"

@@ -10,10 +10,11 @@ import argparse
 
 from miniflex.bench.configs import CONFIGS
 from miniflex.bench.decode import DEFAULT_CASES, DecodeCase
+from miniflex.bench.soak_args import add_soak_arguments
 
 __all__ = ["WORKLOADS", "add_arguments"]
 
-WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "decode", "burst")
+WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "decode", "burst", "soak")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -33,10 +34,15 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add every ``miniflex bench`` option to ``p`` (the ``bench`` subparser)."""
-    p.add_argument("workloads", help=", ".join(WORKLOADS) + ", or several comma-separated")
+    p.add_argument(
+        "workloads",
+        help=", ".join(WORKLOADS) + ", or several comma-separated (soak alone: it starts its "
+        "own servers)",
+    )
     _engines(p.add_argument_group("engines"))
     _tiers(p.add_argument_group("tiers (default: sized from the workloads)"))
     _workloads(p.add_argument_group("workloads"))
+    add_soak_arguments(p.add_argument_group("soak (miniflex/bench/soak.py)"))
     o = p.add_argument_group("output")
     o.add_argument("--out-dir", default="bench/results", help="JSON and PNG per workload")
     o.add_argument(

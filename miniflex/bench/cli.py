@@ -150,6 +150,12 @@ def run(args: argparse.Namespace) -> int:
         "VLLM_LOGGING_LEVEL", "INFO" if getattr(args, "verbose", False) else "WARNING"
     )
     log = Progress(args.workloads)
+    if "soak" in args.workloads.split(","):
+        if args.workloads.strip() != "soak":
+            raise ConfigError("workload", args.workloads, "run soak alone")
+        from miniflex.bench.soak_driver import run_soak
+
+        return run_soak(args, log)
     return _run_http(args, log) if args.url else _run_offline(args, log)
 
 

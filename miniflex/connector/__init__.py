@@ -1,5 +1,21 @@
-"""vLLM integration: ``MiniFlexConnector`` (the only package that imports vLLM)."""
+"""vLLM integration: ``MiniFlexConnector`` (the only package that imports vLLM).
 
-from miniflex.connector.connector import MiniFlexConnector
+vLLM loads the connector by ``kv_connector_module_path`` (``miniflex.connector``)
+and takes ``MiniFlexConnector`` from this package; the class, and vLLM with it,
+is imported on that first access, so ``miniflex serve`` and its pre-start checks
+run without importing vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["MiniFlexConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MiniFlexConnector":
+        from miniflex.connector.connector import MiniFlexConnector
+
+        return MiniFlexConnector
+    raise AttributeError(f"module 'miniflex.connector' has no attribute {name!r}")

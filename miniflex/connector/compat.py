@@ -33,7 +33,7 @@ from typing import Any
 
 from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.manager import ScheduledReq
-from miniflex.connector.model_kinds import ModelShape
+from miniflex.connector.model_kinds import EngineLayout
 from miniflex.types import BlockId, ReqId, Tier
 
 __all__ = [
@@ -45,9 +45,10 @@ __all__ = [
     "hit_source",
     "max_model_len",
     "model_name",
-    "model_shape",
+    "engine_layout",
     "page_order",
     "preempted_ids",
+    "quiet_connector_notice",
     "request_block_ids",
     "scheduled_requests",
     "serve_command",
@@ -83,14 +84,37 @@ def serve_command(model: str, args: Sequence[str]) -> list[str]:
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+        module = "vllm.entrypoints.openai.api_server"
+        # Its two deprecation notices are about the module MiniFlex picked, not the user's setup.
+        quiet = [f"-Wignore:`{module}`:DeprecationWarning"]
+        quiet.append(f"-Wignore:The `python -m {module}`:DeprecationWarning")
+        return [sys.executable, *quiet, "-m", module, "--model", model, *args]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *args]
 
 
-def model_shape(vllm_config: Any) -> ModelShape:
+class _DropNotice(logging.Filter):
+    """Drops one log record of vLLM's, by the start of its message."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def quiet_connector_notice() -> None:
+    """Drop vLLM's "Initializing KVConnectorBase_V1. This API is experimental" warning,
+    which every connector logs once per process (twice per engine); idempotent."""
+    base = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    if not any(isinstance(f, _DropNotice) for f in base.filters):
+        base.addFilter(_DropNotice("Initializing KVConnectorBase_V1"))
+
+
+def engine_layout(vllm_config: Any) -> EngineLayout:
     """The parts of vLLM's config that decide whether MiniFlex serves the model."""
     pc = vllm_config.parallel_config
-    return ModelShape(
+    return EngineLayout(
         model=model_name(vllm_config),
         pipeline_parallel=int(getattr(pc, "pipeline_parallel_size", 1) or 1),
         context_parallel=max(

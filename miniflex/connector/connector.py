@@ -25,19 +25,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from miniflex.config import MiniFlexConfig, hash_seed_set
-from miniflex.connector import compat, ssd_tier
+from miniflex.config import MiniFlexConfig
+from miniflex.connector import compat, preflight
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.hook_clock import timed_hook
+from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.requests import load_tokens_by_tier
+from miniflex.connector.scheduler_side import start_manager
 from miniflex.connector.stats import MiniFlexConnectorStats
-from miniflex.connector.status import StatusWriter
 from miniflex.errors import ConfigError, TransferError
-from miniflex.keys import Namespace
+from miniflex.keys import namespace_for
 from miniflex.plan import JobKind, TransferPlan
 from miniflex.ranks import RankSetup, TPPlacement
 from miniflex.shared_pool import shared_pool_path
@@ -60,6 +61,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     _cache_hit_source = compat.hit_source("host")  # vLLM 0.32+; per hit: the hook below
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        compat.quiet_connector_notice()
         super().__init__(vllm_config, role, kv_cache_config)
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
@@ -67,41 +69,32 @@ class MiniFlexConnector(KVConnectorBase_V1):
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
         geometry = geometry_for(
-            compat.model_shape(vllm_config),
+            compat.engine_layout(vllm_config),
             kv_cache_config,
             self.config.chunk_blocks,
             compat.hash_block_size(kv_cache_config),
         )
         self.geometry = geometry
         self.placement = TPPlacement(compat.tp_size(vllm_config), replicated=geometry.latent)
+        if role == KVConnectorRole.WORKER:  # before anything is allocated or created
+            preflight.check_worker(self.config, geometry, compat.tp_rank(), self.placement)
+        preflight.check_cpu_bytes(self.config, geometry, self.placement)
         self.num_slots = self.placement.per_store(self.config.cpu_bytes) // geometry.slot_bytes
-        if self.num_slots < 1:
-            raise ConfigError(
-                "cpu_bytes",
-                self.config.cpu_bytes,
-                f"must hold at least one chunk per CPU pool ({self.placement.stores} pool(s) "
-                f"of {geometry.slot_bytes}-byte chunks for this model)",
-            )
         # a latent cache has one head: its page is the same bytes in either order
         self.page_order = "LBHNC" if geometry.latent else compat.page_order(kv_cache_config)
         self.engine_id = compat.engine_id(vllm_config)
-        self.ns = Namespace(
-            model=compat.model_name(vllm_config),
-            dtype=geometry.dtype,
-            layout=self.page_order,
-            num_layers=geometry.num_layers,
-            num_kv_heads=geometry.num_kv_heads,
-            head_size=geometry.head_size,
-            block_size=geometry.block_size,
-            blocks_per_chunk=geometry.blocks_per_chunk,
-            tp_size=self.placement.tp_size,
-            latent=geometry.latent,
-            replicated=self.placement.replicated,
+        self.ns = namespace_for(
+            compat.model_name(vllm_config),
+            geometry,
+            self.page_order,
+            self.placement.tp_size,
+            self.placement.replicated,
         )
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None
         self._requests: dict[ReqId, Any] = {}
-        self._status: StatusWriter | None = None
+        self._live: LiveState | None = None  # scheduler: status file and /metrics levels
+        self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
         self._thread_cpu = 0.0  # worker: CPU time of its threads, not reported yet
         if role == KVConnectorRole.SCHEDULER:
@@ -109,37 +102,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 # A cache miss must never fail a request: recompute what could not be loaded.
                 logger.info("MiniFlex sets kv_load_failure_policy=recompute")
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
-            ssd_slots = ssd_tier.num_slots(self.config, geometry.slot_bytes, self.placement)
-            self._manager = MiniFlexManager(
-                self.config,
-                self.ns,
-                self.num_slots,
-                compat.reporting_workers(vllm_config),
-                ssd_slots,
-                geometry.chunk_bytes,
-                compat.step_tokens(vllm_config),
-                compat.graph_rule(vllm_config),
-                compat.max_model_len(vllm_config),
+            self._manager = start_manager(
+                self.config, vllm_config, self.geometry, self.ns, self.placement
             )
-            recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns, self.placement)
-            if self.config.status_file:
-                self._status = StatusWriter(self.config.status_file, self._manager.status)
-            if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
-                logger.warning(
-                    "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
-                    "will not be found after a restart; set PYTHONHASHSEED (any value, the "
-                    "same for every start) to keep them"
-                )
-            logger.info(
-                "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), %d SSD slots "
-                "(%d chunks recovered), namespace %s",
-                self.num_slots,
-                geometry.chunk_tokens,
-                self.num_slots * geometry.slot_bytes / 2**30,
-                ssd_slots,
-                recovered,
-                self.ns.digest.hex()[:12],
-            )
+            self._live = LiveState(self.config.status_file)
+            self._live.start(self._manager.status())
         else:
             self._handler = MiniFlexHandler(self.config)
 
@@ -151,14 +118,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         rank = compat.tp_rank()
-        setup = RankSetup(
-            rank,
-            self.placement,
-            self.ns.shard(rank).digest,
-            shared_pool_path(self.engine_id, self.config.cpu_pool_file)
-            if self.placement.shared_pool
-            else None,
-        )
+        shared = self.placement.shared_pool
+        pool = shared_pool_path(self.engine_id, self.config.cpu_pool_file) if shared else None
+        setup = RankSetup(rank, self.placement, self.ns.shard(rank).digest, pool)
         layout = self.handler.register(
             kv_caches, self.num_slots, self.geometry.blocks_per_chunk, setup, self.geometry.latent
         )
@@ -254,8 +216,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self._handler.shutdown()
         if self._manager is not None:
             self._report_scheduler_hooks()
-        if self._status is not None:
-            self._status.maybe_write(now=float("inf"))  # the final state
+        if self._live is not None:
+            self._live.close(self.manager.status())  # the final state
 
     # ---------------- scheduler side ----------------
     @property
@@ -308,8 +270,6 @@ class MiniFlexConnector(KVConnectorBase_V1):
         }
         plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
         self._report_scheduler_hooks()
-        if self._status is not None:
-            self._status.maybe_write()
         return MiniFlexMetadata(plan)
 
     @timed_hook
@@ -338,6 +298,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         }
         delay = self.manager.on_finished(req_id)
         self._requests.pop(req_id, None)
+        self._observe()  # an abort may end the last request between engine steps
         return delay, params
 
     def reset_cache(self) -> bool:
@@ -356,8 +317,10 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def has_pending_push_work(self) -> bool:
-        """Keep the engine stepping while jobs are in flight, so their results arrive."""
-        return self.manager.has_jobs()
+        """Keep the engine stepping while jobs are in flight, so their results arrive, and
+        for one more step when a request ended between steps (an abort) with levels that
+        /metrics has not been sent: vLLM sends stats only from a step."""
+        return self.manager.has_jobs() or bool(self._gauges)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -375,11 +338,28 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
+    def _observe(self) -> None:
+        """Snapshot the state when due (see ``live_state.py``); keep its levels for /metrics."""
+        m = self.manager
+        busy = bool(self._requests) or m.has_jobs() or m.has_pending_frees()
+        assert self._live is not None
+        gauges = self._live.observe(busy, m.status)
+        if gauges is not None:
+            self._gauges = gauges
+
     @timed_hook
     def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
-        if self._manager is None or self._manager.stats.is_empty():
+        """vLLM calls this after every step's results: the counters since the last call,
+        and the state's levels (``now_*`` keys) when a new snapshot was taken."""
+        m = self._manager
+        if m is None:
             return None
-        return MiniFlexConnectorStats(data=self._manager.take_stats().as_counters())
+        counters = {} if m.stats.is_empty() else m.take_stats().as_counters()
+        self._observe()
+        gauges, self._gauges = self._gauges, {}
+        if not counters and not gauges:
+            return None
+        return MiniFlexConnectorStats(data={**counters, **gauges})
 
     @classmethod
     def build_prom_metrics(

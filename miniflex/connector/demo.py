@@ -145,19 +145,23 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
     else:
         mf_config.update(ssd_dirs=str(ssd_dir), ssd_bytes=f"{64 * prompt_tokens // 256}MiB")
         _log(f"SSD tier in {ssd_dir}")
-    for engine, mf in (("APC only", None), ("MiniFlex", mf_config)):
-        _log(f"starting vLLM ({engine}); engine start takes 20-60 s on a small CPU")
-        llm = make_llm(
-            model,
-            mf,
-            kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
-            block_size=BLOCK_SIZE,
-            max_model_len=2 * prompt_tokens,
-        )
-        try:
-            rows += _scenarios(llm, engine, prompt_tokens, working_set)
-        finally:
-            shutdown_llm(llm)
+    try:
+        for engine, mf in (("APC only", None), ("MiniFlex", mf_config)):
+            _log(f"starting vLLM ({engine}); engine start takes 20-60 s on a small CPU")
+            llm = make_llm(
+                model,
+                mf,
+                kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
+                block_size=BLOCK_SIZE,
+                max_model_len=2 * prompt_tokens,
+            )
+            try:
+                rows += _scenarios(llm, engine, prompt_tokens, working_set)
+            finally:
+                shutdown_llm(llm)
+    finally:
+        if ssd_dir is not None:  # its data file is as large as the SSD tier
+            shutil.rmtree(ssd_dir, ignore_errors=True)
     _print_table(rows)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ from typing import Any
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 
-__all__ = ["ModelShape", "geometry_for", "refusal_of_spec"]
+__all__ = ["EngineLayout", "geometry_for", "refusal_of_spec"]
 
 _REASONS = {
     "MambaSpec": (
@@ -89,7 +89,7 @@ layer, kept with the weights)."""
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class EngineLayout:
     """What of vLLM's config decides whether MiniFlex can serve a model (plain values)."""
 
     model: str
@@ -152,11 +152,11 @@ def _describe(group: Any, index: int, count: int) -> str:
     )
 
 
-def _refuse(shape: ModelShape, what: str, reason: str) -> ConfigError:
+def _refuse(shape: EngineLayout, what: str, reason: str) -> ConfigError:
     return ConfigError("model", shape.model, f"{what}: {reason}")
 
 
-def _check_parallel(shape: ModelShape) -> None:
+def _check_parallel(shape: EngineLayout) -> None:
     if shape.pipeline_parallel > 1:
         raise _refuse(
             shape,
@@ -182,7 +182,7 @@ def _check_parallel(shape: ModelShape) -> None:
 
 
 def geometry_for(
-    shape: ModelShape,
+    shape: EngineLayout,
     kv_cache_config: Any,
     blocks_per_chunk: Callable[[int], int],
     hash_block_size: int | None = None,

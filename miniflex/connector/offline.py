@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from miniflex.config import MiniFlexConfig
+from miniflex.connector.preflight import EngineArgs, check_before_start
 from miniflex.errors import MiniFlexError
 
 __all__ = [
@@ -28,16 +30,10 @@ def make_llm(model: Path | str, miniflex: dict[str, Any] | None, **engine_args: 
     """An ``LLM`` for token-id prompts (no tokenizer), eager, bf16; ``miniflex=None``: APC only.
 
     ``engine_args`` go to ``vllm.LLM`` and override these defaults, e.g.
-    ``kv_cache_memory_bytes`` (CPU) or ``num_gpu_blocks_override`` (GPU).
+    ``kv_cache_memory_bytes`` (CPU) or ``num_gpu_blocks_override`` (GPU). The
+    MiniFlex settings are checked against the model and the machine first
+    (``connector/preflight.py``), so a bad one is a ConfigError before vLLM starts.
     """
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kv = (
-        None
-        if miniflex is None
-        else KVTransferConfig(**CONNECTOR, kv_connector_extra_config=miniflex)
-    )
     args: dict[str, Any] = {
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
@@ -46,6 +42,21 @@ def make_llm(model: Path | str, miniflex: dict[str, Any] | None, **engine_args: 
         "seed": 0,
         **engine_args,
     }
+    kv = None
+    if miniflex is not None:
+        engine = EngineArgs(
+            args.get("block_size"),
+            int(args.get("tensor_parallel_size") or 1),
+            str(args["dtype"]),
+            str(args.get("kv_cache_dtype") or "auto"),
+        )
+        check_before_start(str(model), MiniFlexConfig.from_dict(miniflex), engine)
+        args.setdefault("disable_hybrid_kv_cache_manager", True)  # MiniFlex keeps one KV group
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    if miniflex is not None:
+        kv = KVTransferConfig(**CONNECTOR, kv_connector_extra_config=miniflex)
     return LLM(model=str(model), kv_transfer_config=kv, **args)
 
 

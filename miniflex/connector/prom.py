@@ -9,6 +9,13 @@ with a label::
     vllm:miniflex_transfer_bytes_total{kind="load", ...}
     vllm:miniflex_ssd_failures_total{op="read", ...}
     vllm:miniflex_time_taken_seconds_total{where="worker_hooks", ...}
+
+and the scheduler's state as gauges, updated while requests or transfers are in
+flight (at most once a second) and once more when the engine falls idle::
+
+    vllm:miniflex_slots{tier="cpu", state="pinned_or_moving", ...}
+    vllm:miniflex_jobs_in_flight{...}
+    vllm:miniflex_requests_tracked{...}
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+
+from miniflex.connector.live_state import GAUGE_PREFIX, TIER_LEVELS
 
 __all__ = ["MiniFlexPromMetrics"]
 
@@ -69,8 +78,34 @@ _METRICS: dict[str, tuple[str, str | None, dict[str, str]]] = {
 }
 
 
+# gauge name -> (documentation, label names, {stats key -> label values})
+_GAUGES: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, ...]]]] = {
+    "vllm:miniflex_slots": (
+        "Slots of MiniFlex's tiers by state: resident chunks, slots pinned by a load or being "
+        "written (0 when idle), free slots.",
+        ("tier", "state"),
+        {
+            f"{GAUGE_PREFIX}{tier}_{level}": (tier, level)
+            for tier in ("cpu", "ssd")
+            for level in TIER_LEVELS
+        },
+    ),
+    "vllm:miniflex_jobs_in_flight": (
+        "MiniFlex transfer jobs not finished yet (0 when idle).",
+        (),
+        {GAUGE_PREFIX + "jobs_in_flight": ()},
+    ),
+    "vllm:miniflex_requests_tracked": (
+        "Requests MiniFlex's scheduler side holds state for (0 when idle).",
+        (),
+        {GAUGE_PREFIX + "requests_tracked": ()},
+    ),
+}
+
+
 class MiniFlexPromMetrics(KVConnectorPromMetrics):
-    """Registers MiniFlex's counters and increments them from each stats interval."""
+    """Registers MiniFlex's counters and gauges; counters are incremented from each stats
+    interval, gauges set to the latest level."""
 
     def __init__(
         self,
@@ -80,18 +115,35 @@ class MiniFlexPromMetrics(KVConnectorPromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        # (engine, stats key) -> counter child with every label bound
+        self._engines = per_engine_labelvalues
+        # (engine, stats key) -> metric child with every label bound
         self._bound: dict[tuple[int, str], Any] = {}
         for name, (doc, label, keys) in _METRICS.items():
-            names = labelnames + ([label] if label else [])
-            counter = self._counter_cls(name=name, documentation=doc, labelnames=names)
-            for engine, values in per_engine_labelvalues.items():
-                for key, label_value in keys.items():
-                    bound = [*values, label_value] if label else list(values)
-                    self._bound[(engine, key)] = counter.labels(*bound)
+            labels = (label,) if label else ()
+            counter = self._counter_cls(
+                name=name, documentation=doc, labelnames=[*labelnames, *labels]
+            )
+            self._bind(counter, {k: (v,) if label else () for k, v in keys.items()})
+        for name, (doc, labels, values) in _GAUGES.items():
+            gauge = self._gauge_cls(
+                name=name,
+                documentation=doc,
+                labelnames=[*labelnames, *labels],
+                multiprocess_mode="mostrecent",
+            )
+            self._bind(gauge, values)
+
+    def _bind(self, metric: Any, keys: dict[str, tuple[str, ...]]) -> None:
+        for engine, values in self._engines.items():
+            for key, label_values in keys.items():
+                self._bound[(engine, key)] = metric.labels(*values, *label_values)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, value in transfer_stats_data.items():
             child = self._bound.get((engine_idx, key))
-            if child is not None and value:
+            if child is None:
+                continue
+            if key.startswith(GAUGE_PREFIX):
+                child.set(value)
+            elif value:
                 child.inc(value)

@@ -3,9 +3,12 @@
     MODEL=/models/qwen3-8b PORT=8000 MINIFLEX_CPU_BYTES=32GiB miniflex serve [vllm serve args]
 
 ``MODEL`` is used when no model is given on the command line, ``PORT`` when no
-``--port`` is. ``MINIFLEX_*`` variables are validated here, before vLLM starts,
-and reach the connector in every vLLM process through the environment. Stale
-IPC sockets that a crashed server left in the temp directory are removed first.
+``--port`` is. Before vLLM starts, the ``MINIFLEX_*`` settings are validated and
+checked against the model and the machine (``connector/preflight.py``): a bad
+one ends the command with one line naming the setting, its value and the fix,
+and nothing is left behind. The settings reach the connector in every vLLM
+process through the environment. Stale IPC sockets that a crashed server left
+in the temp directory are removed first.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from pathlib import Path
 
 from miniflex.config import MiniFlexConfig, serve_environment, serve_settings
 from miniflex.connector import compat
+from miniflex.connector.preflight import EngineArgs, check_before_start
 from miniflex.errors import ConfigError
 
-__all__ = ["build_serve_argv", "remove_stale_sockets"]
+__all__ = ["build_serve_argv", "check_settings", "remove_stale_sockets"]
 
 logger = logging.getLogger("miniflex.serve")
 
@@ -39,17 +43,47 @@ KV_TRANSFER = {
 def build_serve_argv(args: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
     """The ``vllm serve`` command line for ``miniflex serve ARGS`` (validates the config)."""
     MiniFlexConfig.from_dict({}, env=env)  # fail fast, with MiniFlex's own error message
-    model, port = serve_settings(env)
-    args = list(args)
+    model, args = _model_and_args(args, env)
+    _, port = serve_settings(env)
     if "--kv-transfer-config" in args or any(a.startswith("--kv-transfer-config=") for a in args):
         raise ConfigError("--kv-transfer-config", "given", "leave it out: miniflex serve sets it")
-    if args and not args[0].startswith("-"):
-        model = args.pop(0)
-    if not model:
-        raise ConfigError("MODEL", None, "give a model as the first argument or in $MODEL")
     if port and not any(a == "--port" or a.startswith("--port=") for a in args):
         args += ["--port", port]
+    if not any("hybrid-kv-cache-manager" in a for a in args):
+        # MiniFlex keeps one KV group; saying so spares the user vLLM's warning about it.
+        args.append("--disable-hybrid-kv-cache-manager")
     return compat.serve_command(model, [*args, "--kv-transfer-config", json.dumps(KV_TRANSFER)])
+
+
+def check_settings(args: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """Check the settings against the model and the machine, before vLLM starts.
+
+    Raises ConfigError for the first that cannot work; returns one line per
+    thing checked, for the start-up report.
+    """
+    config = MiniFlexConfig.from_dict({}, env=env)
+    model, rest = _model_and_args(args, env)
+    return check_before_start(model, config, EngineArgs.from_cli(rest))
+
+
+def _model_and_args(args: Sequence[str], env: Mapping[str, str] | None) -> tuple[str, list[str]]:
+    """The model (first argument, ``--model``, else ``$MODEL``) and the other arguments."""
+    args = list(args)
+    model, _ = serve_settings(env)
+    if args and not args[0].startswith("-"):
+        model = args.pop(0)
+    for i, a in enumerate(args):
+        if a == "--model" and i + 1 < len(args):
+            model = args[i + 1]
+            del args[i : i + 2]
+            break
+        if a.startswith("--model="):
+            model = a.split("=", 1)[1]
+            del args[i]
+            break
+    if not model:
+        raise ConfigError("MODEL", None, "give a model as the first argument or in $MODEL")
+    return model, args
 
 
 def remove_stale_sockets(directory: str | Path | None = None) -> list[Path]:
@@ -80,8 +114,11 @@ def _me() -> str:
 
 def serve(args: Sequence[str]) -> int:
     argv = build_serve_argv(args)
+    for line in check_settings(args):
+        print(f"[miniflex serve] {line}", file=sys.stderr, flush=True)
     for path in remove_stale_sockets():
         logger.info("removed stale IPC socket %s", path)
-    print("[miniflex serve] " + " ".join(argv[1:]), file=sys.stderr, flush=True)
+    shown = [a for a in argv[1:] if not a.startswith("-W")]  # vLLM's own command line
+    print("[miniflex serve] " + " ".join(shown), file=sys.stderr, flush=True)
     os.execve(argv[0], argv, serve_environment())
     return 0  # not reached

@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from miniflex.connector.live_state import GAUGE_PREFIX
 from miniflex.stats import CLOCKS
 
 __all__ = ["MiniFlexConnectorStats"]
@@ -14,14 +15,17 @@ __all__ = ["MiniFlexConnectorStats"]
 
 @dataclass
 class MiniFlexConnectorStats(KVConnectorStats):
-    """``data`` is a flat dict of summable counters from ``TransferStats.as_counters``."""
+    """``data``: a flat dict of summable counters from ``TransferStats.as_counters``, and
+    levels of the scheduler's state (``now_*`` keys, ``live_state.py``), which are not
+    summed: the latest wins."""
 
     def reset(self) -> None:
         self.data = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, value in other.data.items():
-            self.data[key] = self.data.get(key, 0) + value
+            gauge = key.startswith(GAUGE_PREFIX)
+            self.data[key] = value if gauge else self.data.get(key, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -37,4 +41,4 @@ class MiniFlexConnectorStats(KVConnectorStats):
         return out
 
     def is_empty(self) -> bool:
-        return not any(self.data.values())
+        return not any(v or k.startswith(GAUGE_PREFIX) for k, v in self.data.items())

@@ -1,8 +1,15 @@
 """The scheduler's live state as a JSON file, for ``miniflex inspect`` and monitoring.
 
-Written at most every ``interval`` seconds from the scheduler's thread, to a
-temporary file that is then renamed over ``path``, so a reader never sees a
-half-written file. A failed write is logged once and never disturbs serving.
+The scheduler thread hands :class:`StatusWriter` snapshots of its state
+(:meth:`~StatusWriter.update`); a thread of the writer's own rewrites the file
+every ``interval`` seconds, idle or not, so ``written_at`` says the engine
+process is alive and ``state_at`` how old the state is. The writer never reads
+the scheduler's objects itself. Each write goes to a temporary file that is
+renamed over ``path``, so a reader never sees a half-written file. A failed
+write is logged once and never disturbs serving.
+
+File fields besides the state: ``written_at``, ``state_at`` (Unix times),
+``interval_s``, ``pid`` (the engine's scheduler process) and ``host``.
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["StatusWriter"]
@@ -20,22 +28,56 @@ logger = logging.getLogger("miniflex.connector")
 
 
 class StatusWriter:
-    """Calls ``payload()`` and writes it to ``path`` when ``interval`` seconds have passed."""
+    """Writes the latest snapshot to ``path`` every ``interval`` seconds, from its own thread."""
 
-    def __init__(self, path: str, payload: Callable[[], dict[str, Any]], interval: float = 2.0):
+    def __init__(self, path: str, interval: float = 1.0) -> None:
         self.path = path
-        self._payload = payload
-        self._interval = interval
-        self._last = float("-inf")
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {}
+        self._state_at = time.time()
         self._warned = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def maybe_write(self, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        if now - self._last < self._interval:
-            return False
-        self._last = now
+    def update(self, state: dict[str, Any]) -> None:
+        """The scheduler's state now (a fresh dict the caller no longer changes)."""
+        with self._lock:
+            self._state, self._state_at = state, time.time()
+
+    def start(self) -> None:
+        """Write now, then every ``interval`` seconds until :meth:`close`."""
+        self.write()
+        self._thread = threading.Thread(target=self._run, name="miniflex-status", daemon=True)
+        self._thread.start()
+
+    def close(self, final: dict[str, Any] | None = None) -> None:
+        """Stop the thread and write ``final`` (or the last snapshot) once more."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if final is not None:
+            self.update(final)
+        self.write()
+
+    def write(self) -> bool:
+        """Write the file now; False (logged once) if the file system refused."""
+        with self._lock:
+            data = {
+                "written_at": time.time(),
+                "state_at": self._state_at,
+                "interval_s": self.interval,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                **self._state,
+            }
+        tmp = f"{self.path}.tmp"
         try:
-            self.write()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, default=str)
+            os.replace(tmp, self.path)
         except OSError as exc:
             if not self._warned:
                 logger.warning("MiniFlex cannot write its status file %s: %s", self.path, exc)
@@ -43,10 +85,6 @@ class StatusWriter:
             return False
         return True
 
-    def write(self) -> None:
-        data = {"written_at": time.time(), "pid": os.getpid(), **self._payload()}
-        tmp = f"{self.path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, self.path)
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write()

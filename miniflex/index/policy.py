@@ -103,6 +103,10 @@ class EvictionPolicy(ABC):
     def __contains__(self, slot: object) -> bool:
         """Whether ``slot`` is resident (False for ids outside the range)."""
 
+    def num_pinned(self) -> int:
+        """Number of slots whose pin count is positive (resident or not)."""
+        return sum(1 for s in range(self.num_slots) if self.is_pinned(SlotId(s)))
+
 
 class _ListPolicy(EvictionPolicy):
     """Shared intrusive-list machinery; the list runs from LRU/oldest (head) to MRU (tail).
@@ -213,6 +217,9 @@ class _ListPolicy(EvictionPolicy):
 
     def __len__(self) -> int:
         return self._count
+
+    def num_pinned(self) -> int:
+        return int(np.count_nonzero(self._storage[2]))
 
     def __contains__(self, slot: object) -> bool:
         try:

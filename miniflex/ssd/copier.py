@@ -15,15 +15,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Sequence
 
 from miniflex.config import MiniFlexConfig
 from miniflex.plan import SlotCopy
 from miniflex.pool import HostPool
+from miniflex.ssd.preflight import check_ssd_tier
 from miniflex.ssd.probe import make_backend
 from miniflex.ssd.read_probe import PROBE_BYTES, probe_read_bandwidth
-from miniflex.ssd.store import SSDStore, rank_dirs
+from miniflex.ssd.store import SSDStore, make_dirs, rank_dirs
 from miniflex.types import ChunkKey
 
 __all__ = ["SSDCopier"]
@@ -34,9 +37,11 @@ log = logging.getLogger("miniflex.ssd")
 class SSDCopier:
     """Opens (and recovers) this rank's SSD store; moves whole pool slots to and from it.
 
-    Construction raises ConfigError / IOBackendError for unusable directories,
-    too little free space or a file system without O_DIRECT, so a bad
-    ``ssd_dirs`` stops the engine at start-up with a readable error.
+    Construction first checks the settings against the machine
+    (:func:`~miniflex.ssd.preflight.check_ssd_tier`), so unusable directories,
+    too little free space, a file system without O_DIRECT or a directory another
+    live store uses stop the engine at start-up with one ConfigError, before
+    anything is created; what a failed construction created is removed.
     """
 
     def __init__(
@@ -49,18 +54,25 @@ class SSDCopier:
     ) -> None:
         """``total_bytes``: this store's size (default ``ssd_bytes``; with TP, its share)."""
         self._pool = pool
+        total_bytes = config.ssd_bytes if total_bytes is None else total_bytes
+        check_ssd_tier(config.ssd_dirs, total_bytes, pool.slot_bytes, ranks=(rank,))
         self._io = make_backend(config.ssd_io)
+        made: list[str] = []
         try:
-            dirs = self._dirs = rank_dirs(config.ssd_dirs, rank, create=True)
+            dirs = self._dirs = rank_dirs(config.ssd_dirs, rank)
+            made = make_dirs(dirs, "ssd_dirs")
             self.store = SSDStore(
                 dirs,
-                config.ssd_bytes if total_bytes is None else total_bytes,
+                total_bytes,
                 pool.slot_bytes,
                 namespace_digest,
                 backend=self._io,
             )
         except BaseException:
             self._io.close()
+            for d in reversed(made):  # a refused start leaves nothing behind it created
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
             raise
         self.backend = self._io.name
         log.info(

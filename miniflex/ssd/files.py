@@ -12,10 +12,9 @@ import os
 
 from miniflex.layout import ALIGN
 from miniflex.ssd.base import io_error
+from miniflex.units import format_bytes
 
 __all__ = ["open_direct", "supports_direct"]
-
-_GIB = float(1 << 30)
 
 
 def open_direct(path: str | os.PathLike[str], size: int, create: bool = True) -> int:
@@ -89,8 +88,8 @@ def _check_space(name: str, size: int) -> None:
             0,
             size,
             "preallocate",
-            f"{directory} has {free / _GIB:.1f} GiB free but {need / _GIB:.1f} GiB more are "
-            "needed; lower the SSD tier size or free disk space",
+            f"{directory} has {format_bytes(free)} free but {format_bytes(need)} more are "
+            "needed; lower the SSD tier size (ssd_bytes) or free disk space",
         )
 
 

@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["JOURNAL_VERSION", "SlotJournal", "read_journal"]
+__all__ = ["JOURNAL_VERSION", "SlotJournal", "journal_geometry", "read_journal"]
 
 log = logging.getLogger("miniflex.ssd")
 
@@ -84,6 +84,25 @@ def read_journal(
     except FileNotFoundError:
         return {}
     return _replay(data, _header(namespace_digest, slot_bytes, num_slots), slot_bytes, num_slots)
+
+
+def journal_geometry(path: str) -> tuple[bytes, int, int] | None:
+    """``(namespace digest, slot_bytes, num_slots)`` from a journal's header, for tools that
+    inspect a store they did not open; None if the file or its header is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(RECORD_BYTES)
+    except OSError:
+        return None
+    if (
+        len(head) < RECORD_BYTES
+        or zlib.crc32(head[: _HEADER.size]) != _TRAILER.unpack(head[_HEADER.size :])[0]
+    ):
+        return None
+    magic, version, digest, slot_bytes, num_slots = _HEADER.unpack(head[: _HEADER.size])
+    if magic != _MAGIC or version != JOURNAL_VERSION:
+        return None
+    return digest, slot_bytes, num_slots
 
 
 def _replay(data: bytes, header: bytes, slot_bytes: int, num_slots: int) -> dict[ChunkKey, Entry]:
@@ -165,17 +184,28 @@ class SlotJournal:
         self._by_slot: dict[SlotId, ChunkKey] = {}
         self._suspect: set[SlotId] = set()
         self.reset_reason: str | None = None
+        self.damaged_records = 0
+        """Whole records replay skipped at open (bad CRC, unknown kind, slot out of range)."""
+        self.torn_bytes = 0
+        """Bytes of a partial record at the end of the file at open (a write cut short)."""
         self._fd = -1
         replayed = self._scan()
         if replayed is None:
             self._rewrite()
         else:
-            records, bad = replayed
+            records, self.damaged_records, self.torn_bytes = replayed
             self._fd = os.open(path, os.O_RDWR)
-            self._size = RECORD_BYTES * (1 + records + bad)
+            self._size = RECORD_BYTES * (1 + records + self.damaged_records)
             self._records = records
-            if bad or os.fstat(self._fd).st_size != self._size:
-                log.warning("SSD journal %s: ignored %d damaged record(s); compacting", path, bad)
+            if self.damaged_records or self.torn_bytes:
+                log.warning(
+                    "SSD journal %s: skipped %d damaged record(s) and %d byte(s) of a torn "
+                    "record at the end; %d record(s) replayed; compacting",
+                    path,
+                    self.damaged_records,
+                    self.torn_bytes,
+                    records,
+                )
                 self.compact()
 
     # ---- reading ----
@@ -247,8 +277,9 @@ class SlotJournal:
             self._fd = -1
 
     # ---- internals ----
-    def _scan(self) -> tuple[int, int] | None:
-        """Load the live map from disk; ``None`` (and :attr:`reset_reason`) if unusable."""
+    def _scan(self) -> tuple[int, int, int] | None:
+        """Load the live map from disk: (records applied, damaged records, torn tail bytes);
+        ``None`` (and :attr:`reset_reason`) if unusable."""
         try:
             with open(self.path, "rb") as f:
                 head = f.read(RECORD_BYTES)
@@ -271,7 +302,7 @@ class SlotJournal:
                 records += 1
             else:
                 bad += 1
-        return records, bad
+        return records, bad, len(data) % RECORD_BYTES
 
     def _mismatch(self, head: bytes) -> str:
         if len(head) < RECORD_BYTES or zlib.crc32(head[:-8]) != _TRAILER.unpack(head[-8:])[0]:

@@ -17,7 +17,7 @@ from miniflex.ssd.base import BackendUnavailableError, IOBackend
 from miniflex.ssd.threads import ThreadBackend
 from miniflex.ssd.uring import UringBackend
 
-__all__ = ["BACKENDS", "BACKEND_CHOICES", "make_backend"]
+__all__ = ["BACKENDS", "BACKEND_CHOICES", "describe_backend", "make_backend"]
 
 log = logging.getLogger("miniflex.ssd")
 
@@ -51,3 +51,22 @@ def make_backend(preferred: str = "auto", queue_depth: int = 64) -> IOBackend:
         return ThreadBackend(queue_depth)
     log.info("SSD I/O backend: io_uring (probed OK), queue depth %d", queue_depth)
     return backend
+
+
+def describe_backend(preferred: str = "auto") -> str:
+    """The backend ``make_backend(preferred)`` would pick here, and why, in a few words.
+
+    For ``miniflex serve``'s pre-start report; a ring is set up and torn down.
+    ``"io_uring"`` where io_uring cannot run raises ConfigError naming ``ssd_io``.
+    """
+    if preferred == "threads":
+        return "threads (requested)"
+    try:
+        UringBackend(2).close()
+    except BackendUnavailableError as exc:
+        if preferred == "io_uring":
+            raise ConfigError(
+                "ssd_io", preferred, f"io_uring cannot run here ({exc}); use 'auto' or 'threads'"
+            ) from None
+        return f"threads, because io_uring is unavailable ({exc})"
+    return "io_uring"

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -44,7 +45,15 @@ from miniflex.ssd.journal import SlotJournal, read_journal
 from miniflex.ssd.probe import make_backend
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["DATA_FILE", "JOURNAL_FILE", "SSDStore", "rank_dirs", "read_slots", "slot_count"]
+__all__ = [
+    "DATA_FILE",
+    "JOURNAL_FILE",
+    "SSDStore",
+    "make_dirs",
+    "rank_dirs",
+    "read_slots",
+    "slot_count",
+]
 
 log = logging.getLogger("miniflex.ssd")
 
@@ -53,13 +62,30 @@ JOURNAL_FILE = "miniflex-slots.journal"
 Item = tuple[ChunkKey, SlotId, memoryview]
 
 
-def rank_dirs(dirs: Sequence[str], rank: int, create: bool = False) -> list[str]:
+def rank_dirs(dirs: Sequence[str], rank: int) -> list[str]:
     """The directories of TP rank ``rank``'s store: ``<dir>/rank<rank>`` for each of ``dirs``."""
-    out = [os.path.join(os.path.abspath(d), f"rank{rank}") for d in dirs]
-    if create:
-        for d in out:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-    return out
+    return [os.path.join(os.path.abspath(d), f"rank{rank}") for d in dirs]
+
+
+def make_dirs(dirs: Sequence[str], key: str) -> list[str]:
+    """Create the missing ones of ``dirs`` (mode 0700); returns those it created.
+
+    An OS refusal (a read-only file system, no permission) is a ConfigError
+    naming ``key``; the directories created before it are removed again.
+    """
+    made: list[str] = []
+    try:
+        for d in dirs:
+            if not os.path.isdir(d):
+                os.mkdir(d, 0o700)
+                made.append(d)
+    except OSError as exc:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        why = f"cannot create it ({exc.strerror}); give a writable directory"
+        raise ConfigError(key, d, why) from None
+    return made
 
 
 def slot_count(total_bytes: int, num_dirs: int, slot_bytes: int) -> int:
@@ -87,8 +113,9 @@ class SSDStore:
     Construction raises :class:`~miniflex.errors.ConfigError` for bad
     directories or a size below one slot per directory, and
     :class:`~miniflex.errors.IOBackendError` when a file system lacks the
-    space or refuses ``O_DIRECT``. A second store on the same first directory
-    (another live process) is refused. A journal written for another
+    space or refuses ``O_DIRECT``. A second store on any of the same
+    directories (another live process) is refused: every data file is locked. A failed
+    construction removes the files it created. A journal written for another
     namespace digest, slot size or slot count is replaced by an empty one and
     the data files are truncated: nothing of the old model is ever read.
     """
@@ -110,11 +137,14 @@ class SSDStore:
         self.last_read_seconds = 0.0
         """Duration of the last :meth:`read`, without waiting for the store's lock."""
         self._fds: list[int] = []
-        self._lock_fd = _lock(self._paths[0])
+        self._lock_fds: list[int] = []
         self._journal: SlotJournal | None = None
         self._io: IOBackend | None = None
+        jpath = os.path.join(os.path.dirname(self._paths[0]), JOURNAL_FILE)
+        made = [p for p in (*self._paths, jpath) if not os.path.exists(p)]
         try:
-            jpath = os.path.join(os.path.dirname(self._paths[0]), JOURNAL_FILE)
+            for path in self._paths:  # every file: two stores must never share one
+                self._lock_fds.append(_lock(path))
             self._journal = SlotJournal(jpath, namespace_digest, slot_bytes, self._num_slots)
             if self._journal.reset_reason is not None:
                 for path in self._paths:
@@ -126,6 +156,9 @@ class SSDStore:
             self._io = make_backend() if backend is None else backend
         except BaseException:
             self.close()
+            for path in made:  # a refused start leaves nothing behind it created
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             raise
         n, found = self._num_slots, len(self._journal.live)
         log.info("SSD store: %d slots of %d B in %s; %d recovered", n, slot_bytes, dirs, found)
@@ -231,10 +264,9 @@ class SSDStore:
             if self._io is not None and self._owns_io:
                 self._io.close()
             self._io = None  # a caller's backend stays open
-            for fd in [*self._fds, self._lock_fd]:
-                if fd >= 0:
-                    os.close(fd)
-            self._fds, self._lock_fd = [], -1
+            for fd in [*self._fds, *self._lock_fds]:
+                os.close(fd)
+            self._fds, self._lock_fds = [], []
 
     def __enter__(self) -> SSDStore:
         return self
@@ -332,10 +364,14 @@ def _check_config(dirs: Sequence[str], total: int, slot_bytes: int, digest: byte
 
 
 def _lock(path: str) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError("ssd_dirs", path, "a directory no other live store uses") from None
+        raise ConfigError(
+            "ssd_dirs",
+            os.path.dirname(path),
+            "a live MiniFlex store uses it; give each server a directory of its own",
+        ) from None
     return fd

@@ -204,7 +204,7 @@ class SlotTier:
         return dropped
 
     def usage(self) -> TierUsage:
-        pinned = sum(1 for s in range(self.num_slots) if self._policy.is_pinned(SlotId(s)))
+        pinned = self._policy.num_pinned()
         return TierUsage(
             self.tier, self.num_slots, len(self._index), pinned, len(self._free), self.evictions
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,11 @@ def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
         text=True,
         timeout=900,
         check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    ssd_dir = proc.stderr.split("SSD tier in ", 1)[1].split()[0]
+    assert not Path(ssd_dir).exists()  # its data file, as large as the SSD tier, is removed
     assert (
         "TTFT ms" in proc.stdout and "CPU-hit tok" in proc.stdout and "SSD-hit tok" in proc.stdout
     )

@@ -44,8 +44,17 @@ def test_replay_applies_puts_moves_and_deletes(path: Path) -> None:
     assert os.stat(path).st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("damage", ["truncated_mid_record", "garbage_tail", "zeroed_tail"])
-def test_torn_tail_keeps_every_complete_record(path: Path, damage: str) -> None:
+@pytest.mark.parametrize(
+    ("damage", "damaged", "torn"),
+    [
+        ("truncated_mid_record", 0, RECORD_BYTES // 2),
+        ("garbage_tail", 1, 10),
+        ("zeroed_tail", 2, 4),
+    ],
+)
+def test_torn_tail_keeps_every_complete_record(
+    path: Path, damage: str, damaged: int, torn: int, caplog: pytest.LogCaptureFixture
+) -> None:
     j = journal(path)
     for k in range(5):
         j.put(puts((k, k, k * 7)))
@@ -59,8 +68,11 @@ def test_torn_tail_keeps_every_complete_record(path: Path, damage: str) -> None:
         with open(path, "ab") as f:
             f.write(tail)
         expected = {k: (k, k * 7) for k in range(5)}
-    reopened = journal(path)
+    with caplog.at_level("WARNING", logger="miniflex.ssd"):
+        reopened = journal(path)
     assert dict(reopened.live) == expected
+    assert (reopened.damaged_records, reopened.torn_bytes) == (damaged, torn)
+    assert f"skipped {damaged} damaged record(s) and {torn} byte(s) of a torn record" in caplog.text
     assert os.path.getsize(path) % RECORD_BYTES == 0  # compacted: the next append is aligned
     reopened.put(puts((9, 9, 9)))
     reopened.close()
@@ -75,7 +87,9 @@ def test_damaged_record_in_the_middle_is_skipped(path: Path) -> None:
     with open(path, "r+b") as f:
         f.seek(2 * RECORD_BYTES + 5)  # inside the record of key 1
         f.write(b"\xff")
-    assert dict(journal(path).live) == {0: (0, 0), 2: (2, 2)}
+    reopened = journal(path)
+    assert dict(reopened.live) == {0: (0, 0), 2: (2, 2)}
+    assert (reopened.damaged_records, reopened.torn_bytes) == (1, 0)
 
 
 @pytest.mark.parametrize("other", [{"digest": bytes(16)}, {"slots": SLOTS + 1}])

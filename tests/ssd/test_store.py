@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import resource
-import shutil
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 from miniflex.errors import ConfigError
 from miniflex.ssd import IOBackend, SSDStore
 from miniflex.types import ChunkKey, SlotId
+from tests.conftest import MountFS
 from tests.ssd.conftest import aligned, random_bytes
 
 SLOT = 16 << 10
@@ -188,29 +186,16 @@ def test_config_errors_name_the_problem(direct_dir: Path, backend: IOBackend) ->
     with pytest.raises(ConfigError, match="multiple of 4096"):
         SSDStore([d], NUM_SLOTS * SLOT, SLOT + 1, DIGEST, backend)
     with SSDStore([d], NUM_SLOTS * SLOT, SLOT, DIGEST, backend) as first:
-        with pytest.raises(ConfigError, match="no other live store"):
+        with pytest.raises(ConfigError, match="a live MiniFlex store uses it"):
             SSDStore([d], NUM_SLOTS * SLOT, SLOT, DIGEST, backend)
         assert first.num_slots == NUM_SLOTS
         assert os.stat(first.location(SlotId(0))[0]).st_mode & 0o777 == 0o600
 
 
 @pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+def tiny_fs(mount_fs: MountFS) -> Path:
     """A loop-mounted 8 MiB ext4 (root only; skipped where mounting is not allowed)."""
-    if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
-        pytest.skip("needs root and mkfs.ext4 for a loop-mounted tiny file system")
-    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
-    mnt.mkdir()
-    image.write_bytes(b"")
-    os.truncate(image, 8 << 20)
-    run = functools.partial(subprocess.run, capture_output=True, check=False)
-    made = run(["mkfs.ext4", "-q", "-F", str(image)])
-    if made.returncode or run(["mount", "-o", "loop", str(image), str(mnt)]).returncode:
-        pytest.skip("cannot make or loop-mount an ext4 image here")
-    try:
-        yield mnt
-    finally:
-        run(["umount", str(mnt)])
+    return mount_fs(8)
 
 
 def test_full_disk_fails_writes_cleanly_and_keeps_acknowledged_ones(
@@ -241,3 +226,21 @@ def test_full_disk_fails_writes_cleanly_and_keeps_acknowledged_ones(
         assert all(store.write([(ChunkKey(k), SlotId(s), buf) for k, s in retry.items()]))
     with SSDStore(dirs, 400 * slot, slot, DIGEST, backend) as again:
         assert again.recovered() == {**acked, **retry}
+
+
+def test_a_store_sharing_any_directory_with_a_live_one_is_refused(
+    direct_dir: Path, backend: IOBackend
+) -> None:
+    a, b, c = (direct_dir / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    live = SSDStore([str(a), str(b)], NUM_SLOTS * SLOT, SLOT, DIGEST, backend)
+    with live, pytest.raises(ConfigError, match=f"ssd_dirs='{b}'.*a live MiniFlex store uses it"):
+        SSDStore([str(c), str(b)], NUM_SLOTS * SLOT, SLOT, DIGEST, backend)
+    assert os.listdir(c) == []  # the refused store removed the file it had locked
+
+
+def test_a_failed_start_leaves_nothing_behind(tiny_fs: Path, backend: IOBackend) -> None:
+    with pytest.raises(OSError, match="more are needed"):
+        SSDStore([str(tiny_fs)], 64 << 20, SLOT, DIGEST, backend)  # 64 MiB on an 8 MiB disk
+    assert sorted(os.listdir(tiny_fs)) == ["lost+found"]

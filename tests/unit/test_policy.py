@@ -130,6 +130,7 @@ class PolicyVsModel(RuleBasedStateMachine):
         for s in range(self.n):
             assert (s in self.policy) is (s in self.model.resident)
             assert self.policy.is_pinned(SlotId(s)) is (self.model.pins[s] > 0)
+        assert self.policy.num_pinned() == sum(1 for s in range(self.n) if self.model.pins[s] > 0)
 
 
 class LRUVsModel(PolicyVsModel):

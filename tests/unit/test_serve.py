@@ -48,3 +48,19 @@ def test_only_sockets_nobody_listens_on_are_removed(tmp_path: Path) -> None:
         assert (tmp_path / "live").exists() and (tmp_path / "plain-file").exists()
     finally:
         live.close()
+
+
+def test_model_may_be_given_as_an_option_too() -> None:
+    argv = build_serve_argv(["--model", "/opt-model", "--dtype", "bfloat16"], {"MODEL": "/env"})
+    assert argv.count("/opt-model") == 1 and "/env" not in argv
+
+
+def test_vllm_notices_about_what_miniflex_chose_are_left_out() -> None:
+    """The hybrid KV cache manager is off (MiniFlex keeps one KV group) and, where vLLM
+    runs as the api_server module, that module's own deprecation notices are filtered."""
+    argv = build_serve_argv(["/m"], {})
+    assert argv.count("--disable-hybrid-kv-cache-manager") == 1
+    if "vllm.entrypoints.openai.api_server" in argv:
+        assert argv[1].startswith("-Wignore:`vllm.entrypoints.openai.api_server`")
+    mine = build_serve_argv(["/m", "--no-disable-hybrid-kv-cache-manager"], {})
+    assert "--disable-hybrid-kv-cache-manager" not in mine

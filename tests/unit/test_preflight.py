@@ -1,0 +1,123 @@
+"""Settings checked against the model and the machine before vLLM starts (serve, make_llm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miniflex.config import MiniFlexConfig
+from miniflex.connector.preflight import EngineArgs, check_before_start, check_model
+from miniflex.connector.serve import check_settings
+from miniflex.errors import ConfigError
+from tests.conftest import MountFS
+
+# The generated tiny model's shape: 4 layers x 2 KV heads x 64, bf16 -> 2 KiB of KV per token.
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 4,
+    "vocab_size": 2048,
+    "torch_dtype": "bfloat16",
+}
+KIB = 1024
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(TINY))
+    return path
+
+
+def config(**settings: object) -> MiniFlexConfig:
+    return MiniFlexConfig.from_dict(settings, env={})
+
+
+def refused(model: Path | str, cfg: MiniFlexConfig, *vllm_args: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        check_before_start(str(model), cfg, EngineArgs.from_cli(vllm_args))
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_a_missing_model_path_is_named_with_the_fix() -> None:
+    err = refused("/nonexistent/model", config())
+    assert err.key == "model" and err.value == "/nonexistent/model"
+    assert "no such directory" in str(err) and "repo id such as" in str(err)
+
+
+def test_a_directory_without_config_json_is_not_a_model(tmp_path: Path) -> None:
+    err = refused(tmp_path, config())
+    assert "has no config.json" in str(err)
+
+
+def test_a_repo_id_not_on_this_machine_is_left_to_vllm() -> None:
+    lines = check_before_start("no-such-org/no-such-model", config(), EngineArgs())
+    assert "not known here" in lines[0]
+    assert check_model("no-such-org/no-such-model") is None
+
+
+@pytest.mark.parametrize(
+    ("vllm_args", "chunk_kib", "ranks"),
+    [
+        ((), 128, 1),  # no --block-size: the smallest default (16), 4 blocks -> 64 tokens
+        (("--block-size", "32"), 128, 1),  # 2 blocks of 32
+        (("--block-size", "128"), 256, 1),  # 1 block of 128
+        (("--block-size", "32", "-tp", "2"), 64, 2),  # one KV head per rank, a pool per rank
+        (("--block-size", "32", "--kv-cache-dtype", "fp8"), 64, 1),
+        (("--block-size", "32", "--dtype", "float32"), 256, 1),
+    ],
+)
+def test_cpu_bytes_must_hold_one_chunk_of_this_model(
+    model: Path, vllm_args: tuple[str, ...], chunk_kib: int, ranks: int
+) -> None:
+    """``cpu_bytes`` is the engine's: with TP each rank's pool must hold a chunk of its own."""
+    need = chunk_kib * ranks
+    err = refused(model, config(cpu_bytes=need * KIB - 4096), *vllm_args)
+    assert err.key == "cpu_bytes"
+    assert f"is {chunk_kib}" in str(err) and f"to at least {need}" in str(err)
+    lines = check_before_start(
+        str(model), config(cpu_bytes=need * KIB), EngineArgs.from_cli(vllm_args)
+    )
+    assert "holds 1 of them" in lines[0]
+
+
+def test_serve_checks_ssd_dirs_with_the_model_chunk(model: Path, mount_fs: MountFS) -> None:
+    ro = mount_fs(8, read_only=True)
+    env = {"MINIFLEX_SSD_DIRS": str(ro), "MINIFLEX_SSD_BYTES": "1MiB"}
+    with pytest.raises(ConfigError, match=r"ssd_dirs=.*read-only file system"):
+        check_settings([str(model), "--block-size", "32"], env)
+    small = mount_fs(8)
+    env = {"MINIFLEX_SSD_DIRS": str(small), "MINIFLEX_SSD_BYTES": "48MiB"}
+    with pytest.raises(ConfigError, match=r"ssd_bytes='48.0 MiB': .* MiB free but"):
+        check_settings(["--model", str(model)], env)
+    env["MINIFLEX_SSD_BYTES"] = "1MiB"
+    lines = check_settings(["--model", str(model)], env)
+    assert "SSD tier: a 1.00 MiB file in each of" in lines[1] and "I/O: " in lines[1]
+
+
+def test_miniflex_serve_refuses_in_one_line_without_starting_vllm(model: Path) -> None:
+    for env, key in (
+        ({"MODEL": "/nonexistent/model"}, "model"),
+        ({"MODEL": str(model), "MINIFLEX_CPU_BYTES": "64KiB"}, "cpu_bytes"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "miniflex.cli", "serve", "--block-size", "32"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 2
+        assert proc.stderr.startswith(f"miniflex: error: MiniFlex config {key}=")
+        assert proc.stderr.count("\n") == 1, proc.stderr  # one line; vLLM never started
