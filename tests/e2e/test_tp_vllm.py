@@ -10,6 +10,8 @@ where each rank recovered its own shard. Outputs must be identical.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,15 @@ import pytest
 
 from miniflex.connector.offline import evict_gpu_prefix_cache
 from tests.conftest import o_direct_dir
-from tests.e2e.engine import close, expected_hit, make_llm, omp_binding, prompt, run
+from tests.e2e.engine import (
+    CHUNK_TOKENS,
+    close,
+    expected_hit,
+    make_llm,
+    omp_binding,
+    prompt,
+    run,
+)
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
@@ -30,14 +40,32 @@ def ssd_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield path
 
 
+def on_ssd(status_file: Path, chunks: int, timeout_s: float = 60.0) -> bool:
+    """Wait until the engine's status file shows ``chunks`` chunks on SSD (committed: every
+    rank wrote and journaled them) and nothing in flight; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            state = None
+        if state is not None and state["jobs_in_flight"] == 0:
+            ssd = next(t for t in state["tiers"] if t["tier"] == "ssd")
+            if ssd["resident"] >= chunks:
+                return True
+        time.sleep(0.2)
+    return False
+
+
 def test_tp2_hits_from_cpu_and_after_a_restart_from_each_ranks_ssd_match_recompute(
-    tiny_model: Path, ssd_dir: Path
+    tiny_model: Path, ssd_dir: Path, tmp_path: Path
 ) -> None:
     config = {
         "cpu_bytes": "64MiB",
         "ssd_dirs": str(ssd_dir),
         "ssd_bytes": "64MiB",
         "ssd_write": "through",
+        "status_file": str(tmp_path / "status.json"),
     }
     tokens = prompt(300, PROMPT_TOKENS)
     hit = expected_hit(PROMPT_TOKENS)
@@ -49,8 +77,10 @@ def test_tp2_hits_from_cpu_and_after_a_restart_from_each_ranks_ssd_match_recompu
             cold = run(llm, tokens)
             evict_gpu_prefix_cache(llm)
             warm = run(llm, tokens)
+            written = on_ssd(tmp_path / "status.json", hit // CHUNK_TOKENS)
         finally:
             close(llm)
+        assert written, "the write-through copies did not reach both ranks' SSD stores"
         restarted = make_llm(tiny_model, KV_TOKENS, config, tensor_parallel_size=2)
         try:
             again = run(restarted, tokens)
