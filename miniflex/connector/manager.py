@@ -200,7 +200,7 @@ class MiniFlexManager:
 
         None: ask again in a later step. The run of resident chunks ends at one on its way to
         SSD, readable nowhere until its write is reported (within a step or two); waiting
-        beats recomputing the rest of the prompt, up to LANDING_WAIT_S.
+        beats recomputing the rest of the prompt, for as long as that recompute would take.
         """
         st = self.state(req_id)
         st.num_computed_tokens = num_computed
@@ -235,8 +235,11 @@ class MiniFlexManager:
 
     def _wait_for_landing(self, st: ReqState, keys: list[ChunkKey], end: int) -> bool:
         """True: the chunk after the resident run (``keys[end]``) is landing on SSD and the
-        request has waited for it less than LANDING_WAIT_S. Only where the disk keeps up
-        with recomputing: on a slower one, the chunks on SSD save little or nothing."""
+        request has waited for it less than recomputing the rest of its prompt would take
+        (by the prefill fit; LANDING_WAIT_S at least, and before a fit). Only where the disk
+        keeps up with recomputing: on a slower one, the chunks on SSD save little or nothing.
+        A disk's sync can stall for a while on a busy machine; the wait is worth it as long
+        as it is shorter than the recompute it saves."""
         if (
             self.ssd is None
             or end >= len(keys)
@@ -248,7 +251,10 @@ class MiniFlexManager:
         now = time.monotonic()
         if st.landing_since is None:
             st.landing_since = now
-        return now - st.landing_since < LANDING_WAIT_S
+        done = end * self.ns.chunk_tokens
+        fit = self.cost.prefill
+        rest = fit.seconds(st.num_prompt_tokens - done, done) if fit is not None else 0.0
+        return now - st.landing_since < max(LANDING_WAIT_S, rest)
 
     def load_async(self, req_id: ReqId) -> bool:
         """Whether the hit of the request's last lookup loads asynchronously (vLLM's

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.manager import MiniFlexManager
+from miniflex.connector.manager import LANDING_WAIT_S, MiniFlexManager
 from miniflex.keys import chunk_key
 from miniflex.types import ReqId
 from tests.unit.test_keys import NS as TEST_NS
@@ -20,11 +20,15 @@ KEYS = [chunk_key(NS, h) for h in HASHES]
 TOKENS = CHUNKS * NS.chunk_tokens + 1
 
 
-def landing_first_chunk(tmp_path: Path) -> tuple[MiniFlexManager, list]:
+def landing_first_chunk(tmp_path: Path, **settings: object) -> tuple[MiniFlexManager, list]:
     """A 4-slot CPU tier holding the prompt, over an SSD tier; its first chunk's write-back
     was sent, then its slot taken by another store: the chunk is readable nowhere."""
     config = MiniFlexConfig(
-        cpu_bytes=1 << 20, ssd_dirs=(str(tmp_path),), ssd_bytes=1 << 20, hit_policy="load"
+        cpu_bytes=1 << 20,
+        ssd_dirs=(str(tmp_path),),
+        ssd_bytes=1 << 20,
+        hit_policy="load",
+        **settings,  # type: ignore[arg-type]
     )
     m = MiniFlexManager(config, NS, num_slots=CHUNKS, ssd_slots=16, chunk_bytes=4096)
     m.cost.observe_step(2048, 2048 * 1024.0, 1.0)  # recomputing a chunk: about 8 ms
@@ -54,3 +58,18 @@ def test_a_lookup_does_not_wait_for_a_disk_slower_than_recompute(tmp_path: Path)
     m.tiers.observe_writes(chunks=1, seconds=1.0)  # now the disk writes a chunk in 0.3 s
     assert not m.tiers.disk_keeps_up
     assert m.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0  # recomputed, no wait
+
+
+def test_a_lookup_waits_as_long_as_recomputing_the_rest_would_take(tmp_path: Path) -> None:
+    """A sync that stalls on a busy disk: past LANDING_WAIT_S, the lookup keeps waiting only
+    while the wait is still shorter than recomputing the rest of the prompt."""
+    slow, _ = landing_first_chunk(tmp_path, prefill_tokens_per_s=10)  # 6.5 s of it
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) is None
+    slow._reqs[ReqId("r")].landing_since -= 2 * LANDING_WAIT_S  # a second has passed
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) is None  # still cheaper than recompute
+    slow._reqs[ReqId("r")].landing_since -= 10.0
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0  # longer than recompute: gave up
+    fast, _ = landing_first_chunk(tmp_path)  # no prefill fit yet: LANDING_WAIT_S
+    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0) is None
+    fast._reqs[ReqId("r")].landing_since -= 2 * LANDING_WAIT_S
+    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0
