@@ -336,12 +336,16 @@ def make_harness(
 
         graphs = CudagraphDispatcher(vc)
         graphs.initialize_cudagraph_keys(vc.compilation_config.cudagraph_mode, 1)
-    aggregator = None
-    if tp_size > 1:
-        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator(tp_size), mla=mla)
 
-        aggregator = KVOutputAggregator(tp_size)
-    return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator, mla=mla)
+
+def aggregator(tp_size: int) -> Any:
+    """vLLM's merger of the ranks' outputs, as its executor uses it (None for one rank)."""
+    if tp_size == 1:
+        return None
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+
+    return KVOutputAggregator(tp_size)
 
 
 @contextlib.contextmanager
