@@ -204,13 +204,16 @@ def default_tune_cache(env: Mapping[str, str] | None = None) -> str:
 _SPECS: dict[str, _Spec] = {
     "cpu_bytes": _size(
         "4GiB",
-        "Size of the pinned CPU pool (the CPU tier). Must hold at least one chunk and be "
-        "below the machine's physical memory.",
+        "Size of the CPU tier of the engine (pinned host memory). With tensor parallelism "
+        "each rank's pool gets an equal share (an MLA model's latent cache is the same on every "
+        "rank: one pool, which all ranks map, gets it all). Each pool must hold at least one "
+        "chunk; the total must be below the machine's physical memory.",
     ),
     "cpu_pool_file": _Spec(
         lambda k, v: _parse_path(k, v),
         None,
-        "Back the CPU pool by a shared mapping of this file (one per TP rank: `<path>.<rank>`, "
+        "Back the CPU pool by a shared mapping of this file (one per TP rank: `<path>.<rank>`; "
+        "the pool all ranks of an MLA model share: `<path>.<engine id>`, "
         "mode 0600, removed at shutdown) instead of anonymous memory, e.g. under `/dev/shm` so "
         "that tools can inspect a live pool. Empty: anonymous memory.",
         "",
@@ -287,8 +290,9 @@ _SPECS: dict[str, _Spec] = {
     ),
     "ssd_bytes": _size(
         "16GiB",
-        "Total size of the SSD tier, split evenly over `ssd_dirs` (per TP rank); checked "
-        "against each file system's free space at start-up.",
+        "Size of the SSD tier of the engine, split evenly over the TP ranks' stores (MLA: rank "
+        "0's store, the only one, gets it all) and over `ssd_dirs`; checked against each file "
+        "system's free space at start-up.",
     ),
     "ssd_write": _Spec(
         lambda k, v: _parse_choice(k, v, _SSD_WRITE),

@@ -8,6 +8,12 @@ in one of two orders:
 * ``LBNHC``: ``[block][token][head][k|v]`` (FlashAttention's "NHD"),
 * ``LBHNC``: ``[block][head][token][k|v]`` ("HND").
 
+An MLA model's *latent* cache (DeepSeek-V2/V3 style) has one "head" of
+``kv_lora_rank + qk_rope_head_dim`` values per token and no separate V: its
+view is ``[num_blocks, 1, block_size, head_size]`` (vLLM 0.26's MLA backends:
+``[num_blocks, block_size, head_size]``, the same bytes). ``KVGeometry.latent``
+says which; a page is ``heads * block_size * values * itemsize`` bytes either way.
+
 Consecutive blocks sit ``block_stride`` bytes apart (a padded or
 layer-interleaved cache has ``block_stride > page_bytes``). MiniFlex never
 reorders bytes inside a page, so the two orders only differ in the namespace:
@@ -67,6 +73,8 @@ class KVGeometry:
     dtype: str
     itemsize: int
     blocks_per_chunk: int
+    latent: bool = False
+    """MLA: ``head_size`` values per token and head (the latent vector), not K and V."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_size", "block_size", "itemsize"):
@@ -74,9 +82,14 @@ class KVGeometry:
         assert self.blocks_per_chunk > 0
 
     @property
+    def values_per_token(self) -> int:
+        """Values one head caches per token: K and V, or one latent vector."""
+        return self.head_size if self.latent else 2 * self.head_size
+
+    @property
     def page_bytes(self) -> int:
-        """K and V bytes of one block of one layer."""
-        return self.num_kv_heads * self.block_size * 2 * self.head_size * self.itemsize
+        """KV bytes of one block of one layer."""
+        return self.num_kv_heads * self.block_size * self.values_per_token * self.itemsize
 
     @property
     def chunk_tokens(self) -> int:
@@ -121,12 +134,15 @@ class KVLayout:
         return self.order
 
 
-def layout_from_tensors(kv_caches: Mapping[str, TensorLike], blocks_per_chunk: int) -> KVLayout:
+def layout_from_tensors(
+    kv_caches: Mapping[str, TensorLike], blocks_per_chunk: int, latent: bool = False
+) -> KVLayout:
     """Describe vLLM's per-layer KV views; raise TransferError for a layout MiniFlex can't move.
 
     Every layer must have the same shape, dtype and strides. Example: a 2-layer
     fp16 cache of 10 blocks of 32 tokens, 2 heads, head size 64 has shape
     ``(10, 2, 32, 128)`` per layer and gives ``page_bytes = 2*32*128*2 = 16384``.
+    ``latent``: an MLA cache, ``(10, 1, 32, 576)`` (or ``(10, 32, 576)``), head size 576.
     """
     if not kv_caches:
         raise TransferError("no KV cache tensors were registered")
@@ -140,19 +156,16 @@ def layout_from_tensors(kv_caches: Mapping[str, TensorLike], blocks_per_chunk: i
             )
         if tuple(t.stride()) != tuple(first.stride()):
             raise TransferError(f"layer {name} has strides {tuple(t.stride())}, unlike the others")
-    if len(first.shape) != 4 or first.shape[3] % 2:
-        raise TransferError(
-            f"KV cache shape {tuple(first.shape)} is not [num_blocks, kv_heads, block_size, "
-            "2*head_size] (vLLM 0.26-0.33); this vLLM version or attention backend is unsupported"
-        )
-    num_blocks, heads, block_size, c2 = (int(x) for x in first.shape)
-    s_b, s_h, s_n, s_c = (int(x) for x in first.stride())
-    item = int(first.element_size())
+    shape, strides = _bhnc(first, latent)
+    num_blocks, heads, block_size, c = shape
+    s_b, s_h, s_n, s_c = strides
     if s_c != 1:
         raise TransferError(f"KV cache strides {tuple(first.stride())}: last axis not contiguous")
-    if s_n == c2 and s_h == block_size * c2:
+    if latent and s_n == c:
+        order = "LBHNC"  # one head: both orders are the same bytes
+    elif s_n == c and s_h == block_size * c:
         order = "LBHNC"
-    elif s_h == c2 and s_n == heads * c2:
+    elif s_h == c and s_n == heads * c:
         order = "LBNHC"
     else:
         raise TransferError(
@@ -163,10 +176,34 @@ def layout_from_tensors(kv_caches: Mapping[str, TensorLike], blocks_per_chunk: i
     geometry = KVGeometry(
         num_layers=len(tensors),
         num_kv_heads=heads,
-        head_size=c2 // 2,
+        head_size=c if latent else c // 2,
         block_size=block_size,
         dtype=str(first.dtype).removeprefix("torch."),
-        itemsize=item,
+        itemsize=int(first.element_size()),
         blocks_per_chunk=blocks_per_chunk,
+        latent=latent,
     )
-    return KVLayout(geometry=geometry, order=order, num_blocks=num_blocks, block_stride=s_b * item)
+    return KVLayout(
+        geometry=geometry,
+        order=order,
+        num_blocks=num_blocks,
+        block_stride=s_b * int(first.element_size()),
+    )
+
+
+def _bhnc(t: TensorLike, latent: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides of a layer's view as ``[B, H, N, C]`` (elements)."""
+    shape, strides = tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride())
+    if latent and len(shape) == 3:  # [B, N, C]: one latent head
+        return (shape[0], 1, shape[1], shape[2]), (strides[0], shape[1] * shape[2], *strides[1:])
+    if len(shape) != 4 or not (latent or shape[3] % 2 == 0):
+        expected = (
+            "[num_blocks, 1, block_size, head_size]"
+            if latent
+            else ("[num_blocks, kv_heads, block_size, 2*head_size]")
+        )
+        raise TransferError(
+            f"KV cache shape {shape} is not {expected} (vLLM 0.26-0.33); this vLLM version "
+            "or attention backend is unsupported"
+        )
+    return shape, strides

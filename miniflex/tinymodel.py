@@ -27,6 +27,10 @@ class TinyModelSpec:
     max_position_embeddings: int = 8192
     seed: int = 0
     weight_std: float = 0.08
+    layer_types: tuple[str, ...] = ()
+    """Per layer ``"full_attention"`` or ``"sliding_attention"`` (empty: all full)."""
+    sliding_window: int | None = None
+    """Tokens a ``"sliding_attention"`` layer attends to."""
 
     @property
     def head_dim(self) -> int:
@@ -58,6 +62,9 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
         "eos_token_id": 2,
         "miniflex_spec": asdict(spec),
     }
+    if spec.layer_types:
+        assert len(spec.layer_types) == spec.num_hidden_layers, spec
+        config |= {"layer_types": list(spec.layer_types), "sliding_window": spec.sliding_window}
     cfg_file = path / "config.json"
     if cfg_file.exists() and json.loads(cfg_file.read_text()) == config:
         return path

@@ -86,6 +86,12 @@ def _engines(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="TP ranks per engine (--gpu-blocks and every tier size are per engine)",
+    )
+    g.add_argument(
         "--eager",
         action="store_true",
         help="enforce_eager: no torch.compile, no CUDA graphs (default: vLLM's defaults, as "

@@ -183,6 +183,7 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         eager=args.eager,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     ssd_dir = None
     if any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):

@@ -45,6 +45,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
     eager: bool = False  # enforce_eager; False: torch.compile and CUDA graphs, vLLM's default
+    tensor_parallel_size: int = 1
 
     @property
     def capacity_tokens(self) -> int:
@@ -66,6 +67,7 @@ class EngineSettings:
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
         if cuda:
             args["num_gpu_blocks_override"] = self.gpu_blocks

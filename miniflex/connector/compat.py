@@ -18,6 +18,9 @@ Known differences:
   tier). Older versions never ask.
 * ``KVCacheConfig.hash_block_size`` (0.32+) may differ from the block size;
   MiniFlex needs them equal.
+* The KV cache spec classes differ between versions; ``model_kinds.py`` reads
+  them by class name and optional attributes, so a spec a version lacks is
+  simply never seen.
 """
 
 from __future__ import annotations
@@ -25,23 +28,24 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.manager import ScheduledReq
-from miniflex.errors import ConfigError
-from miniflex.layout import KVGeometry
+from miniflex.connector.model_kinds import EngineLayout
 from miniflex.types import BlockId, ReqId, Tier
 
 __all__ = [
     "block_hashes",
     "cache_hit_sources",
-    "geometry_from_config",
+    "engine_id",
+    "hash_block_size",
     "graph_rule",
     "hit_source",
     "max_model_len",
     "model_name",
+    "engine_layout",
     "page_order",
     "preempted_ids",
     "quiet_connector_notice",
@@ -107,41 +111,24 @@ def quiet_connector_notice() -> None:
         base.addFilter(_DropNotice("Initializing KVConnectorBase_V1"))
 
 
-def geometry_from_config(
-    kv_cache_config: Any, blocks_per_chunk: Callable[[int], int]
-) -> KVGeometry:
-    """KV sizes from vLLM's KVCacheConfig; the scheduler and workers derive the same.
-
-    ``blocks_per_chunk`` maps vLLM's block size to the chunk length in blocks.
-    """
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ConfigError(
-            "kv_cache_groups",
-            len(groups),
-            "MiniFlex supports models with one uniform attention type (one KV cache group)",
-        )
-    spec = groups[0].kv_cache_spec
-    if type(spec).__name__ != "FullAttentionSpec":
-        # Sliding-window and chunked-local layers free blocks the connector would
-        # still store from; MLA and other specs have other page layouts.
-        raise ConfigError(
-            "kv_cache_spec", type(spec).__name__, "MiniFlex supports full attention only"
-        )
-    hash_bs = getattr(kv_cache_config, "hash_block_size", None)
-    if hash_bs not in (None, spec.block_size):
-        raise ConfigError(
-            "hash_block_size", hash_bs, f"must equal the block size {spec.block_size} for MiniFlex"
-        )
-    return KVGeometry(
-        num_layers=len(groups[0].layer_names),
-        num_kv_heads=int(spec.num_kv_heads),
-        head_size=int(spec.head_size),
-        block_size=int(spec.block_size),
-        dtype=str(spec.dtype).removeprefix("torch."),
-        itemsize=int(spec.dtype.itemsize),
-        blocks_per_chunk=blocks_per_chunk(int(spec.block_size)),
+def engine_layout(vllm_config: Any) -> EngineLayout:
+    """The parts of vLLM's config that decide whether MiniFlex serves the model."""
+    pc = vllm_config.parallel_config
+    return EngineLayout(
+        model=model_name(vllm_config),
+        pipeline_parallel=int(getattr(pc, "pipeline_parallel_size", 1) or 1),
+        context_parallel=max(
+            int(getattr(pc, "decode_context_parallel_size", 1) or 1),
+            int(getattr(pc, "prefill_context_parallel_size", 1) or 1),
+        ),
+        tensor_parallel=int(pc.tensor_parallel_size),
+        rank_schedulers=getattr(pc, "distributed_executor_backend", None) == "external_launcher",
     )
+
+
+def hash_block_size(kv_cache_config: Any) -> int | None:
+    """vLLM's prefix-hash granularity (0.32+; None before: the block size)."""
+    return getattr(kv_cache_config, "hash_block_size", None)
 
 
 def page_order(kv_cache_config: Any) -> str:
@@ -160,6 +147,11 @@ def page_order(kv_cache_config: Any) -> str:
 
 def model_name(vllm_config: Any) -> str:
     return str(vllm_config.model_config.model)
+
+
+def engine_id(vllm_config: Any) -> str:
+    """The engine's id, the same in the scheduler and every worker (vLLM syncs it over TP)."""
+    return str(vllm_config.kv_transfer_config.engine_id)
 
 
 def tp_size(vllm_config: Any) -> int:

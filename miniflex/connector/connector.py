@@ -25,19 +25,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from miniflex.config import MiniFlexConfig, hash_seed_set
-from miniflex.connector import compat, preflight, ssd_tier
+from miniflex.config import MiniFlexConfig
+from miniflex.connector import compat, preflight
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
+from miniflex.connector.model_kinds import geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.requests import load_tokens_by_tier
+from miniflex.connector.scheduler_side import start_manager
 from miniflex.connector.stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
-from miniflex.keys import Namespace
+from miniflex.keys import namespace_for
 from miniflex.plan import JobKind, TransferPlan
+from miniflex.ranks import RankSetup, TPPlacement
+from miniflex.shared_pool import shared_pool_path
 from miniflex.types import ReqId
 
 if TYPE_CHECKING:
@@ -64,23 +68,27 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.config = MiniFlexConfig.from_dict(extra)
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
-        geometry = compat.geometry_from_config(kv_cache_config, self.config.chunk_blocks)
+        geometry = geometry_for(
+            compat.engine_layout(vllm_config),
+            kv_cache_config,
+            self.config.chunk_blocks,
+            compat.hash_block_size(kv_cache_config),
+        )
         self.geometry = geometry
+        self.placement = TPPlacement(compat.tp_size(vllm_config), replicated=geometry.latent)
         if role == KVConnectorRole.WORKER:  # before anything is allocated or created
-            preflight.check_worker(self.config, geometry, compat.tp_rank())
-        preflight.check_cpu_bytes(self.config, geometry)
-        self.num_slots = self.config.cpu_bytes // geometry.slot_bytes
-        self.page_order = compat.page_order(kv_cache_config)
-        self.ns = Namespace(
-            model=compat.model_name(vllm_config),
-            dtype=geometry.dtype,
-            layout=self.page_order,
-            num_layers=geometry.num_layers,
-            num_kv_heads=geometry.num_kv_heads,
-            head_size=geometry.head_size,
-            block_size=geometry.block_size,
-            blocks_per_chunk=geometry.blocks_per_chunk,
-            tp_size=compat.tp_size(vllm_config),
+            preflight.check_worker(self.config, geometry, compat.tp_rank(), self.placement)
+        preflight.check_cpu_bytes(self.config, geometry, self.placement)
+        self.num_slots = self.placement.per_store(self.config.cpu_bytes) // geometry.slot_bytes
+        # a latent cache has one head: its page is the same bytes in either order
+        self.page_order = "LBHNC" if geometry.latent else compat.page_order(kv_cache_config)
+        self.engine_id = compat.engine_id(vllm_config)
+        self.ns = namespace_for(
+            compat.model_name(vllm_config),
+            geometry,
+            self.page_order,
+            self.placement.tp_size,
+            self.placement.replicated,
         )
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None
@@ -94,37 +102,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 # A cache miss must never fail a request: recompute what could not be loaded.
                 logger.info("MiniFlex sets kv_load_failure_policy=recompute")
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
-            ssd_slots = ssd_tier.num_slots(self.config, geometry.slot_bytes)
-            self._manager = MiniFlexManager(
-                self.config,
-                self.ns,
-                self.num_slots,
-                compat.reporting_workers(vllm_config),
-                ssd_slots,
-                geometry.chunk_bytes,
-                compat.step_tokens(vllm_config),
-                compat.graph_rule(vllm_config),
-                compat.max_model_len(vllm_config),
+            self._manager = start_manager(
+                self.config, vllm_config, self.geometry, self.ns, self.placement
             )
-            recovered = ssd_tier.seed(self._manager, self.config, geometry, self.ns)
             self._live = LiveState(self.config.status_file)
             self._live.start(self._manager.status())
-            if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
-                logger.warning(
-                    "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
-                    "will not be found after a restart; set PYTHONHASHSEED (any value, the "
-                    "same for every start) to keep them"
-                )
-            logger.info(
-                "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB), %d SSD slots "
-                "(%d chunks recovered), namespace %s",
-                self.num_slots,
-                geometry.chunk_tokens,
-                self.num_slots * geometry.slot_bytes / 2**30,
-                ssd_slots,
-                recovered,
-                self.ns.digest.hex()[:12],
-            )
         else:
             self._handler = MiniFlexHandler(self.config)
 
@@ -135,12 +117,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         return self._handler
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        rank = compat.tp_rank()
+        shared = self.placement.shared_pool
+        pool = shared_pool_path(self.engine_id, self.config.cpu_pool_file) if shared else None
+        setup = RankSetup(rank, self.placement, self.ns.shard(rank).digest, pool)
         layout = self.handler.register(
-            kv_caches,
-            self.num_slots,
-            self.geometry.blocks_per_chunk,
-            compat.tp_rank(),
-            self.ns.digest,
+            kv_caches, self.num_slots, self.geometry.blocks_per_chunk, setup, self.geometry.latent
         )
         if layout.geometry != self.geometry or layout.order != self.page_order:
             raise TransferError(

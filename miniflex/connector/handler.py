@@ -45,25 +45,27 @@ import torch
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.hook_clock import ThreadClock
+from miniflex.connector.job_runner import Promoted, execute, failed_result
 from miniflex.connector.probe import probe_loads
+from miniflex.connector.promotions import Promoter
 from miniflex.connector.step_loads import StepLoads
 from miniflex.connector.step_timer import StepTimer
-from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
 from miniflex.pool import HostPool
+from miniflex.ranks import RankSetup
+from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
-from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.types import BlockId, ReqId, SlotId
 
 __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
 
-_Promoted = tuple[set[ChunkKey], float]  # a load's SSD reads: keys that failed, seconds
-_Item = tuple[TransferJob, object, "Future[JobResult]", _Promoted | None]
+_Item = tuple[TransferJob, object, "Future[JobResult]", Promoted | None]
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -97,23 +99,32 @@ class MiniFlexHandler:
         self._timer: StepTimer | None = None
         self._probe: LoadProbe | None = None  # reported once, with the first results
         self._step_loads = StepLoads({})
-        self._cpu = ThreadClock()  # CPU seconds of the three threads' jobs
+        self._cpu = ThreadClock()
+        self._writes = True  # False: a replicated cache's rank > 0 (rank 0 writes its chunks)
+        self._promoter = Promoter(None, None, True)  # CPU seconds of the three threads' jobs
 
     def register(
         self,
         kv_caches: Mapping[str, torch.Tensor],
         num_slots: int,
         blocks_per_chunk: int,
-        rank: int = 0,
-        namespace_digest: bytes | None = None,
+        setup: RankSetup | None = None,
+        latent: bool = False,
     ) -> KVLayout:
-        """Bind to vLLM's KV tensors; opens the SSD store (``namespace_digest`` names it)."""
-        self.layout = layout_from_tensors(kv_caches, blocks_per_chunk)
-        path = f"{self.config.cpu_pool_file}.{rank}" if self.config.cpu_pool_file else None
-        self._pool = HostPool(num_slots, self.layout.geometry.slot_bytes, path)
-        if self.config.ssd_dirs:
-            assert namespace_digest is not None, "the SSD tier needs the namespace digest"
-            self._ssd = SSDCopier(self.config, self._pool, namespace_digest, rank)
+        """Bind to vLLM's KV tensors; opens this rank's pool and SSD store (``setup``: which
+        rank this is, whose bytes it writes, default rank 0 of 1; ``latent``: an MLA cache)."""
+        setup = setup or RankSetup()
+        self.layout = layout_from_tensors(kv_caches, blocks_per_chunk, latent)
+        self._pool = self._open_pool(num_slots, setup)
+        if self.config.ssd_dirs and setup.writes:
+            assert setup.shard_digest is not None, "the SSD tier needs the namespace digest"
+            ssd_bytes = setup.placement.per_store(self.config.ssd_bytes)
+            self._ssd = SSDCopier(
+                self.config, self._pool, setup.shard_digest, setup.rank, ssd_bytes
+            )
+        self._writes = setup.writes
+        shared = self._pool if isinstance(self._pool, SharedPool) else None
+        self._promoter = Promoter(self._ssd, shared, setup.writes)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
@@ -140,6 +151,16 @@ class MiniFlexHandler:
             self.layout.geometry.chunk_tokens,
         )
         return self.layout
+
+    def _open_pool(self, num_slots: int, setup: RankSetup) -> HostPool:
+        """This rank's pool, or the one all ranks of a replicated cache share."""
+        slot_bytes = self.layout.geometry.slot_bytes if self.layout is not None else 0
+        if setup.shared_pool is not None:
+            keep = bool(self.config.cpu_pool_file)
+            ranks = setup.placement.tp_size
+            return SharedPool(num_slots, slot_bytes, setup.shared_pool, ranks, keep_file=keep)
+        pool_file = self.config.cpu_pool_file
+        return HostPool(num_slots, slot_bytes, f"{pool_file}.{setup.rank}" if pool_file else None)
 
     def _bind_step_loads(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         assert self._mover is not None
@@ -271,8 +292,13 @@ class MiniFlexHandler:
             if job.kind is JobKind.LOAD and job.ssd and promoted is None:
                 self._promote(item)  # on the read thread
             else:
-                fut.set_result(self._execute(job, fence, promoted))
+                assert self._mover is not None
+                ssd = self._ssd if self._writes else None
+                fut.set_result(execute(job, fence, promoted, self._mover, ssd, self._writes))
             self._cpu.add(time.thread_time() - cpu)
+
+    def _io_name(self, job: TransferJob) -> str:
+        return self._ssd.backend if self._ssd is not None and job.ssd else ""
 
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
@@ -284,67 +310,11 @@ class MiniFlexHandler:
         job, fence, fut, _ = item
         t0 = time.perf_counter()
         try:
-            promoted = self._copier().promote(job.ssd)
+            promoted = self._promoter.promote(job.job_id, job.ssd)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
-            fut.set_result(self._failed(job, exc, t0))
+            fut.set_result(failed_result(job, exc, t0, self._io_name(job)))
             return
         self._queue.put((job, fence, fut, promoted))
-
-    def _failed(self, job: TransferJob, exc: Exception, t0: float) -> JobResult:
-        logger.error(
-            "MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc
-        )
-        failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
-        io = self._ssd.backend if self._ssd is not None and job.ssd else ""
-        return JobResult(
-            job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
-        )
-
-    def _execute(self, job: TransferJob, fence: object, promoted: _Promoted | None) -> JobResult:
-        """Run a job; a load's SSD reads were done before (``promoted``, see _promote)."""
-        assert self._mover is not None
-        t0 = time.perf_counter()
-        io = self._ssd.backend if self._ssd is not None and job.ssd else ""
-        ssd_seconds = 0.0
-        try:
-            failed_keys: set[ChunkKey] = set()
-            failed_blocks: list[BlockId] = list(job.unavailable)
-            moved = 0
-            if job.kind is JobKind.LOAD:
-                chunks = job.chunks
-                if promoted is not None:
-                    failed_keys, ssd_seconds = promoted
-                    t0 -= ssd_seconds  # the read, not the waits before or after it
-                    bad = {c.cpu for c in job.ssd if c.key in failed_keys}
-                    chunks = tuple(c for c in chunks if c.slot not in bad)
-                    failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
-                moved = self._mover.load(chunks, after=fence)
-            elif job.kind is JobKind.STORE:
-                moved = self._mover.store(job.chunks, after=fence)
-            elif job.kind is JobKind.DEMOTE:
-                failed_keys = self._copier().demote(job.ssd)
-                moved = (len(job.ssd) - len(failed_keys)) * self._copier().store.slot_bytes
-            elif job.kind is JobKind.CLEAR and self._ssd is not None:
-                self._ssd.clear()
-        except Exception as exc:  # the worker boundary: report, never crash vLLM
-            return self._failed(job, exc, t0)
-        return JobResult(
-            job.job_id,
-            job.req_id,
-            job.kind,
-            True,
-            moved,
-            time.perf_counter() - t0,
-            tuple(failed_blocks),
-            tuple(failed_keys),
-            io,
-            ssd_seconds,
-        )
-
-    def _copier(self) -> SSDCopier:
-        if self._ssd is None:
-            raise TransferError("an SSD job reached a worker without ssd_dirs configured")
-        return self._ssd
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:

@@ -27,6 +27,7 @@ from miniflex.config import MiniFlexConfig
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 from miniflex.model_shape import ModelShape
+from miniflex.ranks import SINGLE_RANK, TPPlacement
 from miniflex.ssd.preflight import check_ssd_tier
 from miniflex.ssd.probe import describe_backend
 from miniflex.units import format_bytes
@@ -114,41 +115,56 @@ def check_before_start(
     shape = check_model(model, key)
     geometry = None if shape is None else chunk_geometry(shape, config, engine)
     lines = []
+    placement = TPPlacement(engine.tp_size)  # an MLA model's size is not known here
     if geometry is None:
         lines.append(f"model {model}: its KV size is not known here; vLLM checks cpu_bytes")
     else:
-        check_cpu_bytes(config, geometry)
+        check_cpu_bytes(config, geometry, placement)
         lines.append(
             f"model {model}: a chunk of {geometry.chunk_tokens} tokens is at least "
             f"{format_bytes(geometry.slot_bytes)}; the CPU tier ({format_bytes(config.cpu_bytes)})"
-            f" holds {config.cpu_bytes // geometry.slot_bytes} of them"
+            f" holds {placement.per_store(config.cpu_bytes) // geometry.slot_bytes} of them"
         )
     if config.ssd_dirs:
         slot = None if geometry is None else geometry.slot_bytes
-        found = check_ssd_tier(config.ssd_dirs, config.ssd_bytes, slot, ranks=range(engine.tp_size))
+        per_rank = placement.per_store(config.ssd_bytes)
+        found = check_ssd_tier(config.ssd_dirs, per_rank, slot, ranks=range(engine.tp_size))
         lines.append(f"{found.describe()}; I/O: {describe_backend(config.ssd_io)}")
     return lines
 
 
-def check_worker(config: MiniFlexConfig, geometry: KVGeometry, rank: int) -> None:
+def check_worker(
+    config: MiniFlexConfig, geometry: KVGeometry, rank: int, placement: TPPlacement = SINGLE_RANK
+) -> None:
     """The connector's first check in a worker, with the engine's real KV geometry, before
-    it allocates or creates anything: the CPU tier, and this rank's SSD directories."""
-    check_cpu_bytes(config, geometry)
-    if config.ssd_dirs:
-        check_ssd_tier(config.ssd_dirs, config.ssd_bytes, geometry.slot_bytes, ranks=(rank,))
+    it allocates or creates anything: the CPU tier, and this rank's SSD directories (a
+    replicated cache's rank > 0 has none)."""
+    check_cpu_bytes(config, geometry, placement)
+    if config.ssd_dirs and placement.writes(rank):
+        check_ssd_tier(
+            config.ssd_dirs,
+            placement.per_store(config.ssd_bytes),
+            geometry.slot_bytes,
+            ranks=(rank,),
+        )
 
 
-def check_cpu_bytes(config: MiniFlexConfig, geometry: KVGeometry) -> None:
-    """ConfigError unless the CPU tier holds at least one chunk of ``geometry``."""
-    if config.cpu_bytes >= geometry.slot_bytes:
+def check_cpu_bytes(
+    config: MiniFlexConfig, geometry: KVGeometry, placement: TPPlacement = SINGLE_RANK
+) -> None:
+    """ConfigError unless each CPU pool (``cpu_bytes`` is the engine's, split over the TP
+    ranks' pools) holds at least one chunk of ``geometry`` (one rank's)."""
+    if placement.per_store(config.cpu_bytes) >= geometry.slot_bytes:
         return
+    need = geometry.slot_bytes * placement.stores
+    pools = f", over {placement.stores} TP ranks' pools" if placement.stores > 1 else ""
     raise ConfigError(
         "cpu_bytes",
         format_bytes(config.cpu_bytes),
-        f"holds no chunk of this model: a chunk of {geometry.chunk_tokens} tokens "
+        f"holds no chunk of this model{pools}: a chunk of {geometry.chunk_tokens} tokens "
         f"({geometry.num_layers} layers, {geometry.num_kv_heads} KV heads of "
-        f"{geometry.head_size}) is {format_bytes(geometry.slot_bytes)}; set it "
-        f"(MINIFLEX_CPU_BYTES) to at least {format_bytes(geometry.slot_bytes)}",
+        f"{geometry.head_size}) is {format_bytes(geometry.slot_bytes)} per rank; set it "
+        f"(MINIFLEX_CPU_BYTES) to at least {format_bytes(need)}",
     )
 
 

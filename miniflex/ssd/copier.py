@@ -45,17 +45,28 @@ class SSDCopier:
     """
 
     def __init__(
-        self, config: MiniFlexConfig, pool: HostPool, namespace_digest: bytes, rank: int = 0
+        self,
+        config: MiniFlexConfig,
+        pool: HostPool,
+        namespace_digest: bytes,
+        rank: int = 0,
+        total_bytes: int | None = None,
     ) -> None:
+        """``total_bytes``: this store's size (default ``ssd_bytes``; with TP, its share)."""
         self._pool = pool
-        check_ssd_tier(config.ssd_dirs, config.ssd_bytes, pool.slot_bytes, ranks=(rank,))
+        total_bytes = config.ssd_bytes if total_bytes is None else total_bytes
+        check_ssd_tier(config.ssd_dirs, total_bytes, pool.slot_bytes, ranks=(rank,))
         self._io = make_backend(config.ssd_io)
         made: list[str] = []
         try:
             dirs = self._dirs = rank_dirs(config.ssd_dirs, rank)
             made = make_dirs(dirs, "ssd_dirs")
             self.store = SSDStore(
-                dirs, config.ssd_bytes, pool.slot_bytes, namespace_digest, backend=self._io
+                dirs,
+                total_bytes,
+                pool.slot_bytes,
+                namespace_digest,
+                backend=self._io,
             )
         except BaseException:
             self._io.close()

@@ -7,114 +7,57 @@ can be checked bit for bit against what the model would have computed.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from miniflex.connector import MiniFlexConnector
-from miniflex.errors import TransferError
-from miniflex.gpu.base import KVMover, LayerwiseLoad
-from miniflex.plan import ChunkMove
+from miniflex.connector import MiniFlexConnector, compat
+from tests.connector.engine_config import (
+    BLOCK,
+    HEAD,
+    HEADS,
+    LAYERS,
+    capture_graphs,
+    make_kv_cache_config,
+    make_vllm_config,
+    mla_attention,
+    page_shape,
+    write_model_config,
+)
+from tests.connector.movers import POISON, GatedMover
 
-BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
-
-
-POISON = -1234.0
-"""What the blocks of a layerwise load hold until their layer is waited for."""
-
-
-class DeferredLoad(LayerwiseLoad):
-    """A layerwise load whose layer ``l`` lands in vLLM's blocks only at ``wait_layer(l)``
-    (or ``wait()``), as if its copy were still in flight until then: a forward that reads
-    a layer without waiting for it reads poison, never bytes that happen to be right."""
-
-    def __init__(self, kv: list[torch.Tensor], blocks: list[int], nbytes: int, log: list) -> None:
-        self._kv, self._blocks, self._nbytes, self._log = kv, blocks, nbytes, log
-        self._loaded = [t[blocks].clone() for t in kv]
-        self._pending = set(range(len(kv)))
-
-    def wait_layer(self, layer: int) -> None:
-        self._log.append(("wait", layer))
-        if layer in self._pending:
-            self._pending.discard(layer)
-            self._kv[layer][self._blocks] = self._loaded[layer]
-
-    def wait(self) -> int:
-        for layer in sorted(self._pending):
-            self._kv[layer][self._blocks] = self._loaded[layer]
-        self._pending.clear()
-        return self._nbytes
+__all__ = ["BLOCK", "HEAD", "HEADS", "LAYERS", "POISON", "Harness", "Rank", "make_harness"]
 
 
-class GatedMover(KVMover):
-    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight.
+@dataclass
+class Rank:
+    """One TP rank's worker: its connector, its KV tensors, its (pausable) mover."""
 
-    Its ``load_layerwise`` defers each layer's bytes until the layer is waited for
-    (``DeferredLoad``); ``fail_layerwise`` makes the next one raise at issue.
-    """
-
-    def __init__(self, inner: KVMover, kv: dict[str, torch.Tensor]) -> None:
-        self.inner = inner
-        self.kv = list(kv.values())
-        self.gate = threading.Event()
-        self.gate.set()
-        self.lock = threading.Lock()  # the torch mover's staging buffer is not shared-safe
-        self.fail_layerwise = False
-        self.log: list[tuple[str, int]] = []  # ("wait", layer) and the harness's ("read", layer)
-
-    def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
-        self.gate.wait()
-        with self.lock:
-            return self.inner.store(chunks, after)
-
-    def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
-        self.gate.wait()
-        with self.lock:
-            return self.inner.load(chunks, after)
-
-    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
-        if self.fail_layerwise:
-            self.fail_layerwise = False
-            raise TransferError("injected failure at issue")
-        blocks = [b for c in chunks for b in c.block_ids]
-        nbytes = self.load(chunks, after)
-        deferred = DeferredLoad(self.kv, blocks, nbytes, self.log)
-        for t in self.kv:
-            t[blocks] = POISON  # not landed yet (and never what a block held before)
-        return deferred
-
-    def fence(self) -> object:
-        return self.inner.fence()
+    rank: int
+    worker: MiniFlexConnector
+    kv: dict[str, torch.Tensor]
+    mover: GatedMover
+    layers_read: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
+    """(request, block index, layer) -> the page this rank's last forward read."""
 
 
 @dataclass
 class Harness:
     sched: Scheduler
-    worker: MiniFlexConnector
-    kv: dict[str, torch.Tensor]
-    mover: GatedMover
+    ranks: list[Rank]
     requests: dict[str, Request]
     kv_stats: list[dict] = field(default_factory=list)
     scheduler_stats: list = field(default_factory=list)
@@ -122,14 +65,32 @@ class Harness:
     params: dict[str, dict] = field(default_factory=dict)  # finished request -> kv_transfer_params
     cached_tokens: dict[str, int] = field(default_factory=dict)
     """Request -> the prompt tokens vLLM reports as not computed (its ``num_cached_tokens``)."""
-    layers_read: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
-    """(request, block index, layer) -> the page the last step's forward read."""
     graphs: Any = None
     """vLLM's own CudagraphDispatcher when the engine replays CUDA graphs (None: eager)."""
     modes: list[str] = field(default_factory=list)
     """The CUDA graph mode each step's forward ran in (``FULL`` skips the per-layer hooks)."""
     load_errors: int = 0
-    """Blocks the worker reported as load errors (vLLM recomputes them), over every step."""
+    """Blocks the workers reported as load errors (vLLM recomputes them), over every step."""
+    aggregator: Any = None
+    """vLLM's KVOutputAggregator, which merges the ranks' outputs (TP > 1)."""
+    mla: bool = False
+    """The model caches MLA latent vectors (one head, the same on every rank)."""
+
+    @property
+    def worker(self) -> MiniFlexConnector:
+        return self.ranks[0].worker
+
+    @property
+    def kv(self) -> dict[str, torch.Tensor]:
+        return self.ranks[0].kv
+
+    @property
+    def mover(self) -> GatedMover:
+        return self.ranks[0].mover
+
+    @property
+    def layers_read(self) -> dict[tuple[str, int, int], torch.Tensor]:
+        return self.ranks[0].layers_read
 
     @property
     def manager_side(self) -> MiniFlexConnector:
@@ -155,26 +116,19 @@ class Harness:
         so = self.sched.schedule()
         if on_schedule is not None:
             on_schedule(so)
-        meta = so.kv_connector_metadata
-        self.worker.handle_preemptions(meta)
+        for r in self.ranks:
+            r.worker.handle_preemptions(so.kv_connector_metadata)
         if on_schedule is not None:
             on_schedule(so)
-        self.worker.bind_connector_metadata(meta)
-        self.worker.start_load_kv(None)
-        self._compute(so)
-        self.worker.wait_for_save()
-        if wait_transfers:
-            self.worker.handler.drain()
-        sending, recving = self.worker.get_finished(so.finished_req_ids)
-        invalid = self.worker.get_block_ids_with_load_errors()
-        self.load_errors += len(invalid)
-        out = KVConnectorOutput(
-            finished_sending=sending,
-            finished_recving=recving,
-            invalid_block_ids=invalid,
-            kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
-        )
-        self.worker.clear_connector_metadata()
+        mode = self._graph_mode(so)
+        self.modes.append(mode)
+        outs = [self._worker_step(r, so, mode, wait_transfers) for r in self.ranks]
+        out = outs[0]
+        if self.aggregator is not None:
+            runner_outs = [ModelRunnerOutput(req_ids=[], req_id_to_index={}) for _ in outs]
+            for ro, o in zip(runner_outs, outs, strict=True):
+                ro.kv_connector_output = o
+            out = self.aggregator.aggregate(runner_outs).kv_connector_output
         ids = list(so.num_scheduled_tokens)
         sampled = []
         for r in ids:
@@ -203,6 +157,28 @@ class Harness:
                     self.params[o.request_id] = o.kv_transfer_params
         return so
 
+    def _worker_step(
+        self, r: Rank, so: SchedulerOutput, mode: str, wait: bool
+    ) -> KVConnectorOutput:
+        """One rank's part of the step, in vLLM's hook order."""
+        r.worker.bind_connector_metadata(so.kv_connector_metadata)
+        r.worker.start_load_kv(None)
+        self._compute(r, so, mode)
+        r.worker.wait_for_save()
+        if wait:
+            r.worker.handler.drain()
+        sending, recving = r.worker.get_finished(so.finished_req_ids)
+        invalid = r.worker.get_block_ids_with_load_errors()
+        self.load_errors += len(invalid)
+        out = KVConnectorOutput(
+            finished_sending=sending,
+            finished_recving=recving,
+            invalid_block_ids=invalid,
+            kv_connector_worker_meta=r.worker.build_connector_worker_meta(),
+        )
+        r.worker.clear_connector_metadata()
+        return out
+
     def hits_by_source(self) -> dict[str, int]:
         """Connector hit tokens by source as vLLM 0.32+ counts them for
         ``vllm:prompt_tokens_cached_by_source`` ("host", "disk", ...), summed over steps."""
@@ -228,11 +204,14 @@ class Harness:
             self.step()
         raise AssertionError(f"not idle after {max_steps} steps: {list(self.sched.requests)}")
 
-    def page(self, req: Request, block_index: int, layer: int) -> torch.Tensor:
-        """What the stand-in model writes for a block: a function of its prefix hash."""
-        seed = int.from_bytes(bytes(req.block_hashes[block_index])[:6], "little") + layer
-        gen = torch.Generator().manual_seed(seed)
-        return torch.randn(HEADS, BLOCK, 2 * HEAD, generator=gen).half()
+    def page(self, req: Request, block_index: int, layer: int, rank: int = 0) -> torch.Tensor:
+        """What the stand-in model writes for a block: a function of its prefix hash (and of
+        the rank, whose KV heads differ from the other ranks'; MLA's latent cache is the
+        same on every rank)."""
+        seed = int.from_bytes(bytes(req.block_hashes[block_index])[:6], "little")
+        shard = 0 if self.mla else rank
+        gen = torch.Generator().manual_seed(seed + layer + 1_000_003 * shard)
+        return torch.randn(*page_shape(self.mla), generator=gen).half()
 
     def _graph_mode(self, so: SchedulerOutput) -> str:
         """How vLLM's model runner would run this step: its own uniform-decode test and
@@ -247,44 +226,49 @@ class Harness:
         mode, _ = self.graphs.dispatch(sum(counts), uniform_decode=uniform)
         return str(mode.name)
 
-    def _compute(self, so: SchedulerOutput) -> None:
+    def _compute(self, r: Rank, so: SchedulerOutput, mode: str) -> None:
         """Layer by layer, as vLLM's attention layers run (each waits for its KV first,
         unless the step replays a full CUDA graph, which runs no hook)."""
-        self.layers_read = {}
-        mode = self._graph_mode(so)
-        self.modes.append(mode)
-        for layer, (name, t) in enumerate(self.kv.items()):
+        r.layers_read = {}
+        for layer, (name, t) in enumerate(r.kv.items()):
             if so.num_scheduled_tokens and mode != "FULL":
-                self.worker.wait_for_layer_load(name)
-                self.mover.log.append(("read", layer))
-            for r, n in so.num_scheduled_tokens.items():
-                req = self.requests[r]
-                (block_ids,) = self.sched.kv_cache_manager.get_block_ids(r)
+                r.worker.wait_for_layer_load(name)
+                r.mover.log.append(("read", layer))
+            for req_id, n in so.num_scheduled_tokens.items():
+                req = self.requests[req_id]
+                (block_ids,) = self.sched.kv_cache_manager.get_block_ids(req_id)
                 # what attention reads: the request's earlier blocks (loaded or computed)
                 computed = req.num_computed_tokens - n
                 for b in range(computed // BLOCK):
-                    self.layers_read[(r, b, layer)] = t[block_ids[b]].clone()
+                    r.layers_read[(req_id, b, layer)] = t[block_ids[b]].clone()
                 # schedule() has already advanced num_computed_tokens past this step's tokens
                 start, end = computed, req.num_computed_tokens
                 for b in range(start // BLOCK, min(end // BLOCK, len(req.block_hashes))):
-                    t[block_ids[b]] = self.page(req, b, layer)
+                    t[block_ids[b]] = self.page(req, b, layer, r.rank)
 
     def read_matches(self, req: Request, num_blocks: int) -> bool:
-        """The last step's forward read the right bytes of the first ``num_blocks`` blocks."""
-        r = req.request_id
+        """Every rank's last forward read its right bytes of the first ``num_blocks`` blocks."""
         return all(
-            torch.equal(self.layers_read[(r, b, layer)], self.page(req, b, layer))
+            torch.equal(r.layers_read[(req.request_id, b, layer)], self.page(req, b, layer, r.rank))
+            for r in self.ranks
             for b in range(num_blocks)
             for layer in range(LAYERS)
         )
 
     def loaded_blocks_match(self, req: Request, num_blocks: int) -> bool:
+        """Every rank's blocks of ``req`` hold its own pages of the first ``num_blocks``."""
         (block_ids,) = self.sched.kv_cache_manager.get_block_ids(req.request_id)
         return all(
-            torch.equal(t[block_ids[b]], self.page(req, b, layer))
+            torch.equal(t[block_ids[b]], self.page(req, b, layer, r.rank))
+            for r in self.ranks
             for b in range(num_blocks)
-            for layer, t in enumerate(self.kv.values())
+            for layer, t in enumerate(r.kv.values())
         )
+
+    def shutdown(self) -> None:
+        """Shut every rank's worker down (their SSD stores close, their journals stay)."""
+        for r in self.ranks:
+            r.worker.shutdown()
 
     def free_blocks(self) -> int:
         return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -305,6 +289,8 @@ def make_harness(
     extra: dict | None = None,
     load_mode: str = "async",
     cudagraphs: str | None = None,
+    tp_size: int = 1,
+    mla: bool = False,
 ) -> Harness:
     """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's).
 
@@ -312,62 +298,31 @@ def make_harness(
     for their load; in-step loads have tests of their own. ``cudagraphs``: a
     ``CUDAGraphMode`` name (``FULL_AND_PIECEWISE``, vLLM's default on GPUs); each
     step is then dispatched by vLLM's own CudagraphDispatcher, and a step it
-    replays as a full graph calls no ``wait_for_layer_load``."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(
-        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,'
-        f' "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": {HEADS},'
-        f' "num_hidden_layers": {LAYERS}, "head_dim": {HEAD}, "vocab_size": 1000,'
-        ' "max_position_embeddings": 4096, "torch_dtype": "float16"}'
-    )
-    mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0)
-    sc = SchedulerConfig(
-        max_num_seqs=8,
-        max_num_batched_tokens=max_batched,
-        max_model_len=2048,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-    )
-    cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    kt = KVTransferConfig(
-        kv_connector="MiniFlexConnector",
-        kv_connector_module_path="miniflex.connector",
-        kv_role="kv_both",
-        kv_connector_extra_config={
+    replays as a full graph calls no ``wait_for_layer_load``. ``tp_size``: that many
+    workers, each with KV tensors of its own, run every plan; vLLM's
+    KVOutputAggregator merges their outputs as its executor does. ``mla``: the layers
+    cache one latent head (``MLAAttentionSpec``), the same bytes on every rank."""
+    write_model_config(model_dir)
+    vc = make_vllm_config(
+        model_dir,
+        {
             "cpu_bytes": cpu_bytes,
             "blocks_per_chunk": blocks_per_chunk,
             "load_mode": load_mode,
             **(extra or {}),
         },
+        num_blocks,
+        max_batched,
     )
-    vc = VllmConfig(
-        model_config=mc,
-        scheduler_config=sc,
-        cache_config=cc,
-        kv_transfer_config=kt,
-        device_config=DeviceConfig("cpu"),
-    )
-    vc.cache_config.num_gpu_blocks = num_blocks
+    vc.parallel_config.tensor_parallel_size = vc.parallel_config.world_size = tp_size
     if cudagraphs is not None:
-        _capture_graphs(vc, cudagraphs)
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16
-    )
-    kcc = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}" for i in range(LAYERS)], spec)],
-    )
-    kcc.kv_cache_layout = "LBHNC"
+        capture_graphs(vc, cudagraphs)
+    layers = [f"layer{i}" for i in range(LAYERS)]
+    kcc = make_kv_cache_config(num_blocks, [(layers, mla_attention())] if mla else None)
     init_none_hash(sha256)
     # vLLM's order: the workers register their KV caches (and open their SSD
     # stores) before the scheduler, and so its connector, is built.
-    worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
-    kv = {
-        f"layer{i}": torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16)
-        for i in range(LAYERS)
-    }
-    worker.register_kv_caches(kv)
+    ranks = [make_rank(vc, kcc, rank, num_blocks, mla) for rank in range(tp_size)]
     sched = Scheduler(
         vllm_config=vc,
         kv_cache_config=kcc,
@@ -375,28 +330,46 @@ def make_harness(
         block_size=BLOCK,
         log_stats=True,
     )
-    handler = worker.handler
-    mover = GatedMover(handler._mover, kv)  # the real mover, made pausable
-    handler._mover = mover
-    handler._bind_step_loads(kv)
     graphs = None
     if cudagraphs is not None:
         from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
         graphs = CudagraphDispatcher(vc)
         graphs.initialize_cudagraph_keys(vc.compilation_config.cudagraph_mode, 1)
-    return Harness(sched, worker, kv, mover, {}, graphs=graphs)
+    return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator(tp_size), mla=mla)
 
 
-def _capture_graphs(vc: VllmConfig, mode: str) -> None:
-    """Configure CUDA graphs as vLLM does on a GPU (the CPU backend turns them off), before
-    the scheduler and so its connector are built: batches of up to 16 tokens captured."""
-    from vllm.config import CompilationMode, CUDAGraphMode
+def aggregator(tp_size: int) -> Any:
+    """vLLM's merger of the ranks' outputs, as its executor uses it (None for one rank)."""
+    if tp_size == 1:
+        return None
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
-    cc = vc.compilation_config
-    cc.mode = CompilationMode.VLLM_COMPILE
-    cc.splitting_ops = list(cc._attention_ops)  # attention runs between piecewise graphs
-    cc.use_inductor_graph_partition = False
-    cc.cudagraph_mode = CUDAGraphMode[mode]
-    cc.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
-    cc.max_cudagraph_capture_size = 16
+    return KVOutputAggregator(tp_size)
+
+
+@contextlib.contextmanager
+def as_rank(rank: int) -> Iterator[None]:
+    """Stand in for vLLM's tensor-parallel group: ``compat.tp_rank()`` answers ``rank``."""
+    real = compat.tp_rank
+    compat.tp_rank = lambda: rank
+    try:
+        yield
+    finally:
+        compat.tp_rank = real
+
+
+def make_rank(vc: Any, kcc: Any, rank: int, num_blocks: int, mla: bool = False) -> Rank:
+    """A worker of TP rank ``rank`` with its own KV tensors, registered as vLLM does."""
+    with as_rank(rank):
+        worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
+        kv = {
+            f"layer{i}": torch.zeros(num_blocks, *page_shape(mla), dtype=torch.float16)
+            for i in range(LAYERS)
+        }
+        worker.register_kv_caches(kv)
+    handler = worker.handler
+    mover = GatedMover(handler._mover, kv)  # the real mover, made pausable
+    handler._mover = mover
+    handler._bind_step_loads(kv)
+    return Rank(rank, worker, kv, mover)

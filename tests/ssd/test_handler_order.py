@@ -14,6 +14,7 @@ import torch
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.handler import MiniFlexHandler
 from miniflex.plan import NO_REQUEST, ChunkMove, JobId, JobKind, SlotCopy, TransferJob, TransferPlan
+from miniflex.ranks import RankSetup
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
@@ -56,7 +57,7 @@ def handler(direct_dir: Path) -> MiniFlexHandler:
     config = MiniFlexConfig(mover="cpu", ssd_dirs=(str(direct_dir),), ssd_bytes=1 << 20)
     kv = {f"layer.{i}": torch.randn(BLOCKS, 1, 16, 128).to(torch.float16) for i in range(2)}
     h = MiniFlexHandler(config)
-    h.register(kv, num_slots=SLOTS, blocks_per_chunk=1, namespace_digest=b"\x01" * 16)
+    h.register(kv, num_slots=SLOTS, blocks_per_chunk=1, setup=RankSetup(shard_digest=b"\x01" * 16))
     yield h
     h.shutdown()
 

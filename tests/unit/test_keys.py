@@ -50,9 +50,10 @@ def test_every_namespace_field_changes_the_keys() -> None:
         "num_layers": 3,
         "num_kv_heads": 4,
         "head_size": 128,
-        "tp_rank": 1,
         "tp_size": 2,
-        "format_version": 2,
+        "latent": True,
+        "replicated": True,
+        "format_version": 99,
     }
     for field, value in changes.items():
         other = dataclasses.replace(NS, **{field: value})
@@ -66,3 +67,19 @@ def test_block_hash_keys_take_each_chunks_last_block() -> None:
     assert keys == chunk_keys_from_block_hashes(NS, [b"x", hashes[1], b"y", hashes[3]])
     other_ns = dataclasses.replace(NS, model="other")
     assert chunk_keys_from_block_hashes(other_ns, hashes) != keys
+
+
+def test_every_rank_has_the_same_keys_but_its_own_shard_digest() -> None:
+    """One plan drives every TP rank (same keys); each rank's bytes are its own shard."""
+    tp2 = dataclasses.replace(NS, tp_size=2)
+    rank0, rank1 = tp2.shard(0), tp2.shard(1)
+    assert chunk_keys_from_tokens(rank0, list(range(128))) == chunk_keys_from_tokens(
+        rank1, list(range(128))
+    )
+    assert rank0.digest != rank1.digest
+    assert rank0.key_digest == rank1.key_digest
+
+
+def test_a_replicated_cache_has_one_shard_for_every_rank() -> None:
+    mla = dataclasses.replace(NS, tp_size=2, latent=True, replicated=True)
+    assert mla.shard(1).digest == mla.shard(0).digest == mla.digest

@@ -244,3 +244,14 @@ def test_layerwise_loads_and_stores_from_two_threads_do_not_mix_their_bytes() ->
     for layer, t in enumerate(dst.values()):
         off = g.chunk_offset(layer, 0)
         assert bytes(slot0[off : off + g.page_bytes].numpy()) == page_bytes(t, 8, "LBHNC")
+
+
+def test_a_latent_cache_is_one_head_of_head_size_values_in_either_shape() -> None:
+    four_d = {"l0": torch.zeros(6, 1, 16, 576, dtype=torch.bfloat16)}
+    three_d = {"l0": torch.zeros(6, 16, 576, dtype=torch.bfloat16)}  # vLLM 0.26's MLA view
+    a, b = layout_from_tensors(four_d, 2, latent=True), layout_from_tensors(three_d, 2, latent=True)
+    assert a == b
+    assert a.geometry.head_size == 576 and a.geometry.num_kv_heads == 1
+    assert a.geometry.page_bytes == 16 * 576 * 2 and a.block_stride == a.geometry.page_bytes
+    # the same tensor read as K|V would be 288-value heads: other pages, never confused
+    assert layout_from_tensors(four_d, 2).geometry.head_size == 288

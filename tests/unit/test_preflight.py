@@ -67,24 +67,26 @@ def test_a_repo_id_not_on_this_machine_is_left_to_vllm() -> None:
 
 
 @pytest.mark.parametrize(
-    ("vllm_args", "chunk_kib"),
+    ("vllm_args", "chunk_kib", "ranks"),
     [
-        ((), 128),  # no --block-size: the smallest default (16), 4 blocks -> 64 tokens
-        (("--block-size", "32"), 128),  # 2 blocks of 32
-        (("--block-size", "128"), 256),  # 1 block of 128
-        (("--block-size", "32", "-tp", "2"), 64),  # one KV head per rank
-        (("--block-size", "32", "--kv-cache-dtype", "fp8"), 64),
-        (("--block-size", "32", "--dtype", "float32"), 256),
+        ((), 128, 1),  # no --block-size: the smallest default (16), 4 blocks -> 64 tokens
+        (("--block-size", "32"), 128, 1),  # 2 blocks of 32
+        (("--block-size", "128"), 256, 1),  # 1 block of 128
+        (("--block-size", "32", "-tp", "2"), 64, 2),  # one KV head per rank, a pool per rank
+        (("--block-size", "32", "--kv-cache-dtype", "fp8"), 64, 1),
+        (("--block-size", "32", "--dtype", "float32"), 256, 1),
     ],
 )
 def test_cpu_bytes_must_hold_one_chunk_of_this_model(
-    model: Path, vllm_args: tuple[str, ...], chunk_kib: int
+    model: Path, vllm_args: tuple[str, ...], chunk_kib: int, ranks: int
 ) -> None:
-    err = refused(model, config(cpu_bytes=chunk_kib * KIB - 4096), *vllm_args)
+    """``cpu_bytes`` is the engine's: with TP each rank's pool must hold a chunk of its own."""
+    need = chunk_kib * ranks
+    err = refused(model, config(cpu_bytes=need * KIB - 4096), *vllm_args)
     assert err.key == "cpu_bytes"
-    assert f"is {chunk_kib}" in str(err) and f"to at least {chunk_kib}" in str(err)
+    assert f"is {chunk_kib}" in str(err) and f"to at least {need}" in str(err)
     lines = check_before_start(
-        str(model), config(cpu_bytes=chunk_kib * KIB), EngineArgs.from_cli(vllm_args)
+        str(model), config(cpu_bytes=need * KIB), EngineArgs.from_cli(vllm_args)
     )
     assert "holds 1 of them" in lines[0]
 

@@ -1,0 +1,89 @@
+"""One transfer job run on a worker thread, turned into the ``JobResult`` it reports.
+
+Called by :class:`~miniflex.connector.handler.MiniFlexHandler`'s threads in plan
+order. Any exception is caught here and reported as a failed job (a failed
+load's blocks become load errors, so vLLM recomputes them): the worker boundary.
+A rank that does not write its cache's bytes (a replicated cache's rank > 0)
+runs stores and SSD writes as no-ops and reports them done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from miniflex.errors import TransferError
+from miniflex.gpu.base import KVMover
+from miniflex.plan import JobKind, JobResult, TransferJob
+from miniflex.ssd.copier import SSDCopier
+from miniflex.types import BlockId, ChunkKey
+
+__all__ = ["Promoted", "execute", "failed_result"]
+
+logger = logging.getLogger("miniflex.handler")
+
+Promoted = tuple[set[ChunkKey], float]
+"""A load's SSD reads, done before its copies: keys that failed, seconds they took."""
+
+
+def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:
+    """The report of a job that raised: nothing usable moved (a load: all its blocks failed)."""
+    logger.error("MiniFlex %s job %d of %s failed: %s", job.kind.value, job.job_id, job.req_id, exc)
+    failed = (*job.block_ids, *job.unavailable) if job.kind is JobKind.LOAD else ()
+    return JobResult(
+        job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
+    )
+
+
+def execute(
+    job: TransferJob,
+    fence: object,
+    promoted: Promoted | None,
+    mover: KVMover,
+    ssd: SSDCopier | None,
+    writes: bool = True,
+) -> JobResult:
+    """Run a job; a load's SSD reads were done before (``promoted``)."""
+    t0 = time.perf_counter()
+    io = ssd.backend if ssd is not None and job.ssd else ""
+    ssd_seconds = 0.0
+    try:
+        failed_keys: set[ChunkKey] = set()
+        failed_blocks: list[BlockId] = list(job.unavailable)
+        moved = 0
+        if job.kind is JobKind.LOAD:
+            chunks = job.chunks
+            if promoted is not None:
+                failed_keys, ssd_seconds = promoted
+                t0 -= ssd_seconds  # the read, not the waits before or after it
+                bad = {c.cpu for c in job.ssd if c.key in failed_keys}
+                chunks = tuple(c for c in chunks if c.slot not in bad)
+                failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
+            moved = mover.load(chunks, after=fence)
+        elif job.kind is JobKind.STORE and writes:
+            moved = mover.store(job.chunks, after=fence)
+        elif job.kind is JobKind.DEMOTE and writes:
+            failed_keys = _copier(ssd).demote(job.ssd)
+            moved = (len(job.ssd) - len(failed_keys)) * _copier(ssd).store.slot_bytes
+        elif job.kind is JobKind.CLEAR and ssd is not None:
+            ssd.clear()
+    except Exception as exc:  # the worker boundary: report, never crash vLLM
+        return failed_result(job, exc, t0, io)
+    return JobResult(
+        job.job_id,
+        job.req_id,
+        job.kind,
+        True,
+        moved,
+        time.perf_counter() - t0,
+        tuple(failed_blocks),
+        tuple(failed_keys),
+        io,
+        ssd_seconds,
+    )
+
+
+def _copier(ssd: SSDCopier | None) -> SSDCopier:
+    if ssd is None:
+        raise TransferError("an SSD job reached a worker without ssd_dirs configured")
+    return ssd

@@ -1,0 +1,65 @@
+"""The scheduler half's start: its tiers, sized from the config and seeded from the SSD stores.
+
+vLLM builds the workers' KV caches (which opens their SSD stores and repairs
+their journals) before the scheduler's connector, so the stores' journals are
+the truth by the time this runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from miniflex.config import MiniFlexConfig, hash_seed_set
+from miniflex.connector import compat, ssd_tier
+from miniflex.connector.manager import MiniFlexManager
+from miniflex.keys import Namespace
+from miniflex.layout import KVGeometry
+from miniflex.ranks import TPPlacement
+
+__all__ = ["start_manager"]
+
+logger = logging.getLogger("miniflex.connector")
+
+
+def start_manager(
+    config: MiniFlexConfig,
+    vllm_config: Any,
+    geometry: KVGeometry,
+    ns: Namespace,
+    placement: TPPlacement,
+) -> MiniFlexManager:
+    """The engine's :class:`MiniFlexManager`: ``cpu_bytes`` and ``ssd_bytes`` are the
+    engine's, split over ``placement``'s pools and stores (each has the slots it has)."""
+    num_slots = placement.per_store(config.cpu_bytes) // geometry.slot_bytes
+    ssd_slots = ssd_tier.num_slots(config, geometry.slot_bytes, placement)
+    manager = MiniFlexManager(
+        config,
+        ns,
+        num_slots,
+        compat.reporting_workers(vllm_config),
+        ssd_slots,
+        geometry.chunk_bytes,
+        compat.step_tokens(vllm_config),
+        compat.graph_rule(vllm_config),
+        compat.max_model_len(vllm_config),
+    )
+    recovered = ssd_tier.seed(manager, config, geometry, ns, placement)
+    if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
+        logger.warning(
+            "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
+            "will not be found after a restart; set PYTHONHASHSEED (any value, the "
+            "same for every start) to keep them"
+        )
+    logger.info(
+        "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB in %d pool(s)), %d SSD slots "
+        "(%d chunks recovered), namespace %s",
+        num_slots,
+        geometry.chunk_tokens,
+        num_slots * geometry.slot_bytes * placement.stores / 2**30,
+        placement.stores,
+        ssd_slots,
+        recovered,
+        ns.key_digest.hex()[:12],
+    )
+    return manager

