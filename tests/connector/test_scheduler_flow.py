@@ -159,7 +159,7 @@ def test_keys_follow_block_hashes_that_vllm_rewrites(tmp_path: Path) -> None:
     manager = h.manager_side.manager
     old = [bytes([i]) * 32 for i in range(8)]  # 4 chunks of 2 blocks
     manager.lookup(ReqId("r"), old, 8 * BLOCK + 1, 0)
-    st = manager.state(ReqId("r"))
+    st = manager.state_for(ReqId("r"))
     st.stored_chunks = 4
     before = list(st.keys)
     new = [*old[:5], b"x" * 32, b"y" * 32, b"z" * 32]  # blocks 5.. changed: chunks 2, 3

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from miniflex.connector import compat
-from miniflex.connector.requests import PendingLoad, load_tokens_by_tier
+from miniflex.connector.hits import load_tokens_by_tier
+from miniflex.connector.requests import PendingLoad
 from miniflex.tiers import ChunkSource
 from miniflex.types import ChunkKey, SlotId, Tier
 
