@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.report import emit
+from miniflex.bench.report import emit
 from miniflex.index import HashIndex, keys_to_array
 from miniflex.types import SlotId, Tier
 

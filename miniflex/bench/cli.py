@@ -35,7 +35,7 @@ from miniflex.config import MiniFlexConfig, parse_size
 from miniflex.errors import ConfigError
 
 if TYPE_CHECKING:
-    from miniflex.bench.offline import EngineSettings
+    from miniflex.bench.offline_driver import EngineSettings
 
 __all__ = ["run"]
 
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_offline(args: argparse.Namespace, log: Progress) -> int:
     if not args.model or not args.gpu_blocks:
         raise ConfigError("--model/--gpu-blocks", None, "an offline run needs both (or give --url)")
-    from miniflex.bench.offline import OfflineDriver, on_cuda
+    from miniflex.bench.offline_driver import OfflineDriver, on_cuda
     from miniflex.bench.sizing import auto_tiers
 
     shape = ModelShape.from_dir(args.model)
@@ -219,7 +219,7 @@ def _engine_settings(
     args: argparse.Namespace, shape: ModelShape, workloads: list[Workload]
 ) -> EngineSettings:
     """The vLLM settings every configuration of an offline run shares."""
-    from miniflex.bench.offline import EngineSettings
+    from miniflex.bench.offline_driver import EngineSettings
     from miniflex.bench.sizing import max_model_len
 
     assert shape.kv_bytes_per_token is not None

@@ -35,7 +35,7 @@ from miniflex.types import ReqId, Tier
 
 __all__ = ["HitAdvisor"]
 
-logger = logging.getLogger("miniflex.manager")
+logger = logging.getLogger(__name__)
 
 KEEP_STEPS = 256
 """Steps whose forward time is still awaited; older ones are forgotten (never reported)."""

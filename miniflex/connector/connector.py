@@ -36,7 +36,7 @@ from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.scheduler_side import start_manager
-from miniflex.connector.stats import MiniFlexConnectorStats
+from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import namespace_for
 from miniflex.plan import JobKind, TransferPlan

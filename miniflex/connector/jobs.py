@@ -19,7 +19,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from miniflex.connector.advisor import HitAdvisor
 from miniflex.connector.hits import credit, served_by_tier
@@ -60,9 +59,6 @@ class JobRecord(ABC):
     ok: bool = field(default=True, kw_only=True)
     failed_blocks: set[BlockId] = field(default_factory=set, kw_only=True)
     failed_keys: set[ChunkKey] = field(default_factory=set, kw_only=True)
-
-    of_request: ClassVar[bool] = True
-    """The job moves a request's blocks (its commit updates the request's state)."""
 
     def report(self, r: JobResult, ctx: CommitContext) -> bool:
         """One worker's result; True once every worker has reported."""
@@ -220,7 +216,6 @@ class DemoteRecord(JobRecord):
     """A DEMOTE: CPU->SSD writes of chunks the CPU tier evicted (their CPU slots pinned)."""
 
     copies: list[SlotCopy] = field(default_factory=list)
-    of_request: ClassVar[bool] = False
 
     def observe(self, r: JobResult, ctx: CommitContext) -> None:
         ctx.tiers.observe_writes(len(self.copies), r.seconds)
@@ -235,8 +230,6 @@ class DemoteRecord(JobRecord):
 @dataclass
 class ClearRecord(JobRecord):
     """A CLEAR: every worker rewrites its SSD journal empty; nothing to commit."""
-
-    of_request: ClassVar[bool] = False
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
         return None

@@ -43,7 +43,6 @@ from miniflex.connector.tier_setup import build_tiers
 from miniflex.cost import make_cost_model
 from miniflex.keys import Namespace
 from miniflex.plan import (
-    NO_REQUEST,
     JobKind,
     JobResult,
     LoadProbe,
@@ -58,7 +57,7 @@ from miniflex.types import BlockId, ReqId
 
 __all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
 
-logger = logging.getLogger("miniflex.manager")
+logger = logging.getLogger(__name__)
 
 
 class MiniFlexManager:
@@ -256,7 +255,7 @@ class MiniFlexManager:
         copies: tuple[SlotCopy, ...],
     ) -> TransferJob:
         """A job of no request (DEMOTE, CLEAR), tracked until every worker reports it."""
-        job = TransferJob(self.jobs.next_id(), NO_REQUEST, kind, (), ssd=copies)
+        job = TransferJob(self.jobs.next_id(), None, kind, (), ssd=copies)
         rec = record(job, self.num_workers)
         if isinstance(rec, DemoteRecord):
             rec.copies = list(copies)
@@ -315,7 +314,7 @@ class MiniFlexManager:
             rec = self.jobs.report(r, ctx)
             if rec is None:
                 continue
-            st = self._reqs.get(rec.job.req_id) if rec.of_request else None
+            st = self._reqs.get(rec.job.req_id) if rec.job.req_id is not None else None
             rec.commit(ctx, st)
             if st is not None:
                 self._maybe_forget(st)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector import offline
+from miniflex.connector import offline_llm
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 BLOCKS_PER_CHUNK = 2
@@ -64,7 +64,7 @@ def make_llm(
 ) -> Any:
     """``engine_args``: more ``vllm.LLM`` arguments (``tensor_parallel_size``, ...)."""
     mf = None if miniflex is None else {"blocks_per_chunk": BLOCKS_PER_CHUNK, **miniflex}
-    return offline.make_llm(
+    return offline_llm.make_llm(
         model,
         mf,
         kv_cache_memory_bytes=kv_tokens * kv_bytes_per_token,
@@ -84,14 +84,14 @@ def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
         tokens=tuple(comp.token_ids),
         logprobs=tuple(tuple(sorted((k, v.logprob) for k, v in d.items())) for d in comp.logprobs),
         num_cached_tokens=out.num_cached_tokens or 0,
-        miniflex_hit_tokens=offline.miniflex_hit_tokens(out),
-        hit_by_tier=offline.miniflex_hits_by_tier(out),
+        miniflex_hit_tokens=offline_llm.miniflex_hit_tokens(out),
+        hit_by_tier=offline_llm.miniflex_hits_by_tier(out),
         load=((out.kv_transfer_params or {}).get("miniflex") or {}).get("load"),
     )
 
 
 def close(llm: Any) -> None:
-    offline.shutdown_llm(llm)
+    offline_llm.shutdown_llm(llm)
 
 
 def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 
 KV_TOKENS = 3 * 1024
