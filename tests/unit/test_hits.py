@@ -1,4 +1,5 @@
-"""How a load's tokens split by tier, as vLLM 0.32+ asks (get_external_cache_hit_sources)."""
+"""Per-tier hit accounting (``connector/hits.py``): how a load's tokens split by tier, as
+vLLM 0.32+ asks (get_external_cache_hit_sources)."""
 
 from __future__ import annotations
 
