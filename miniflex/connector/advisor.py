@@ -12,7 +12,7 @@ the prediction and the actual time are added to the stats.
 Example::
 
     advisor = HitAdvisor(config, cost_model)
-    n, timing, decision = advisor.decide([Tier.CPU, Tier.SSD], 4096, num_computed=0, ssd=True)
+    n, timing, decision = advisor.decide(st, [Tier.CPU, Tier.SSD], 4096, 0, ssd=True)
     advisor.record(st, stats)                    # at allocation: counted, TTFT timed
     advisor.note_scheduled(step, st, n_tokens, ctx)
     advisor.end_step(step, timed=True)
@@ -50,26 +50,30 @@ class HitAdvisor:
         self._tokens, self._pairs = 0, 0.0  # of the step being planned
         self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
         self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
+        self._planning: list[ReqState] = []  # requests of the step being planned
+        self._last_step: list[ReqState] = []  # those of the last planned step
 
     # ---- decisions ----
     def decide(
-        self, tiers: list[Tier], num_tokens: int, num_computed: int, ssd: bool
+        self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int, ssd: bool
     ) -> tuple[int, LoadTiming, Decision | None]:
-        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``, how
-        (by ``load_mode``), and the cost model's decision where it made one. ``ssd``: the
-        engine has an SSD tier."""
+        """How many of the resident chunks (in ``tiers``) of request ``st`` to load, by
+        ``hit_policy``, how (by ``load_mode``), and the cost model's decision where it made
+        one. ``ssd``: the engine has an SSD tier. Reads ``st``, never writes it."""
         mode = self.config.load_mode
         layerwise = False
         decision = None
+        others = self.running_besides(st)
         if self.config.hit_policy == "cost" and (ssd or mode == "auto"):
-            decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto")
+            decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto", others)
             n, layerwise = decision.load_chunks, decision.layerwise
         else:
             n = len(tiers)
             if self.config.hit_policy == "cpu":
                 n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
             if mode == "auto":
-                layerwise = self.cost.choose(tiers[:n], num_tokens, num_computed, True).layerwise
+                choice = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others)
+                layerwise = choice.layerwise
         if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
             timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
         elif mode == "auto":
@@ -77,6 +81,11 @@ class HitAdvisor:
         else:
             timing = LoadTiming(mode)
         return n, timing, decision
+
+    def running_besides(self, st: ReqState) -> int:
+        """Requests of the last planned step that are not finished, ``st`` aside: those an
+        in-step load for ``st`` would hold up."""
+        return sum(1 for r in self._last_step if r is not st and not r.finished)
 
     def record(self, st: ReqState, stats: TransferStats) -> None:
         """Count the cost model's decision for this request once, and start timing its TTFT."""
@@ -111,6 +120,7 @@ class HitAdvisor:
         """``st`` computes ``num_tokens`` after ``ctx`` in ``step`` (one call per request)."""
         self._tokens += num_tokens
         self._pairs += num_tokens * (ctx + num_tokens / 2)
+        self._planning.append(st)
         if st.ttft_start is not None and ctx + num_tokens >= st.num_prompt_tokens:
             self._ttft_pending.setdefault(step, []).append(st.req_id)
             _trim(self._ttft_pending)
@@ -122,6 +132,7 @@ class HitAdvisor:
             self._step_work[step] = (self._tokens, self._pairs)
             _trim(self._step_work)
         self._tokens, self._pairs = 0, 0.0
+        self._last_step, self._planning = self._planning, []
 
     # ---- measurements ----
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:

@@ -108,7 +108,7 @@ class HitLookup:
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:
             has_ssd = self.tiers.ssd is not None
-            n, timing, decision = self.advisor.decide(tiers, num_tokens, num_computed, has_ssd)
+            n, timing, decision = self.advisor.decide(st, tiers, num_tokens, num_computed, has_ssd)
         end = min((start + n) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed or (
             self.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
