@@ -21,7 +21,7 @@ from miniflex.types import BlockId, SlotId
 
 __all__ = ["PROBE_CHUNKS", "probe_loads"]
 
-logger = logging.getLogger("miniflex.handler")
+logger = logging.getLogger(__name__)
 
 PROBE_CHUNKS = 32
 """Chunks per timed load (fewer if the pool or vLLM's cache is smaller)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine import expected_hit, h200_dry_run, run_bench
+from tests.e2e.engine import expected_hit, run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -160,29 +160,6 @@ def test_decode_results_record_what_they_ran_on(run) -> None:
     assert ctx["llm_args"]["enforce_eager"] is True  # the smoke test asked for --eager
     full = ctx["configs"]["miniflex-cpu"]["miniflex"]
     assert full["load_mode"] == "auto" and full["cpu_bytes"] > 0  # every setting, resolved
-
-
-@pytest.mark.parametrize("part", ["ttft", "burst", "overflow", "mixed", "overhead", "ssd"])
-def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
-    """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
-    plan = h200_dry_run(part, tmp_path)
-    assert plan["llm_args"]["load_format"] == "dummy"
-    assert plan["llm_args"]["enforce_eager"] is False  # CUDA graphs, as users run vLLM
-    if part == "burst":  # the same CPU bytes for every connector, below the working set
-        kv = plan["kv_transfer"]
-        assert kv["miniflex-ssd"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
-        assert kv["miniflex-cpu"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
-        return
-    if part == "overhead":  # a KV cache that holds the whole batch: no round waits for it
-        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native"}
-        assert plan["llm_args"]["kv_cache_memory_bytes"] == 6000 * 16 * 147456  # 6000 blocks
-        return
-    if part != "ssd":
-        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
-        return
-    assert set(plan["kv_transfer"]) == {"apc", "miniflex-ssd", "native-fs"}
-    extra = plan["kv_transfer"]["miniflex-ssd"]["kv_connector_extra_config"]
-    assert extra["cpu_bytes"] == 5 << 30  # holds the 30k-token prompt the fs tier promotes
 
 
 def test_ttft_evict_cpu_leaves_the_prompt_on_ssd_only(
