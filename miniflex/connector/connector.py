@@ -32,7 +32,7 @@ from miniflex.connector.hook_clock import timed_hook
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
-from miniflex.connector.model_kinds import geometry_for
+from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.requests import load_tokens_by_tier
 from miniflex.connector.scheduler_side import start_manager
@@ -336,6 +336,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        # Called before vLLM groups the layers: refuse Mamba models with MiniFlex's reason.
+        check_stateless(compat.model_name(vllm_config), compat.state_model(vllm_config))
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
     def _observe(self) -> None:
