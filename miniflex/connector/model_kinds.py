@@ -151,7 +151,8 @@ def check_stateless(model: str, state_arch: str | None) -> None:
 
     Runs when vLLM asks the connector for its KV layout (``get_required_kvcache_layout``),
     before it groups the layers into KV cache groups (vLLM 0.32: in the engine core, as it
-    initializes the KV cache). Without it, vLLM, which turns its hybrid KV cache manager
+    initializes the KV cache; 0.26: in the workers, as their attention backends describe
+    the layers' KV caches). Without it, vLLM, which turns its hybrid KV cache manager
     off for ``MiniFlexConnector``, fails on such a model with "Failed to promote local KV
     cache specs to one unified type", which names neither the model nor MiniFlex.
     """
