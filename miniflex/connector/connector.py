@@ -60,12 +60,19 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     _cache_hit_source = compat.hit_source("host")  # vLLM 0.32+; per hit: the hook below
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+    def __init__(
+        self,
+        vllm_config: Any,
+        role: KVConnectorRole,
+        kv_cache_config: Any = None,
+        config: MiniFlexConfig | None = None,
+    ):
+        """``config``: MiniFlex's settings (None: read from ``kv_connector_extra_config``)."""
         compat.quiet_connector_notice()
         super().__init__(vllm_config, role, kv_cache_config)
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        self.config = MiniFlexConfig.from_dict(extra)
+        self.config = config if config is not None else MiniFlexConfig.from_dict(extra)
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
         geometry = geometry_for(

@@ -54,9 +54,9 @@ _REASONS = {
     ),
     "SlidingWindowSpec": (
         "vLLM's hybrid KV cache manager frees the blocks that leave the window while the "
-        "request runs; MiniFlex stores and loads whole prefixes of one group only (a model "
-        "that mixes these layers with full-attention ones is served whole by "
-        "MiniFlexConnector, for which vLLM turns that manager off)"
+        "request runs; a model of such layers only has no group whose prefix MiniFlex can "
+        "store whole (one that mixes them with full-attention layers is served: whole by "
+        "MiniFlexConnector, a window per hit by MiniFlexHMAConnector)"
     ),
     "ChunkedLocalAttentionSpec": (
         "vLLM's hybrid KV cache manager frees the blocks of finished attention chunks while "

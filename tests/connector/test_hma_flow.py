@@ -20,6 +20,7 @@ from vllm.platforms import current_platform
 from vllm.v1.request import RequestStatus
 
 from miniflex.connector import MiniFlexConnector, MiniFlexHMAConnector, compat
+from miniflex.connector.hma_groups import MiniFlexGroupsConnector
 from miniflex.errors import ConfigError
 from tests.connector.engine_config import (
     BLOCK,
@@ -116,24 +117,44 @@ def sliding_window() -> Any:
     )
 
 
+def groups_config(tmp_path: Path, extra: dict) -> tuple[Any, Any]:
+    """What vLLM's manager builds for a Gemma-3 / gpt-oss style model: a sliding-window
+    group and a full-attention group of as many layers."""
+    model = write_model_config(tmp_path / "model")
+    vc = make_vllm_config(
+        model, {"cpu_bytes": "1MiB", "blocks_per_chunk": 2, **extra}, connector=HMA
+    )
+    groups = [
+        (["model.layers.0.attn"], sliding_window()),
+        (["model.layers.1.attn"], full_attention()),
+    ]
+    return vc, make_kv_cache_config(64, groups)
+
+
 @pytest.mark.parametrize("role", [KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER])
-def test_the_hma_connector_refuses_sliding_groups_and_names_the_connector_that_serves_them(
+def test_sliding_and_full_groups_get_one_miniflex_per_group(
     tmp_path: Path, role: KVConnectorRole
 ) -> None:
-    """What vLLM's manager builds for a Gemma-3 / gpt-oss style model: a full-attention
-    group and a sliding-window group of as many layers."""
     needs_hma()
-    model = write_model_config(tmp_path / "model")
-    vc = make_vllm_config(model, {"cpu_bytes": "1MiB", "blocks_per_chunk": 2}, connector=HMA)
-    groups = [
-        (["model.layers.1.attn"], full_attention()),
-        (["model.layers.0.attn"], sliding_window()),
-    ]
-    with pytest.raises(ConfigError) as err:
-        MiniFlexHMAConnector(vc, role, make_kv_cache_config(64, groups))
-    message = str(err.value)
-    assert f"model='{model}'" in message and "KV cache group 1 of 2 is SlidingWindowSpec" in message
-    assert "served whole by MiniFlexConnector" in message
+    vc, kcc = groups_config(tmp_path, {})
+    conn = MiniFlexHMAConnector(vc, role, kcc)
+    assert isinstance(conn, MiniFlexGroupsConnector)
+    assert [n.window for n in conn.needs] == [2 * BLOCK, None] and conn.main == 1
+    assert all(p.config.cpu_bytes == 2**19 and p.config.load_mode == "async" for p in conn.parts)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"blocks_per_chunk": 4}, "must fit in the sliding window"),
+        ({"ssd_dirs": "/tmp"}, "no SSD tier yet for several KV groups"),
+    ],
+)
+def test_what_several_groups_cannot_have_is_refused(tmp_path: Path, extra: dict, says: str) -> None:
+    needs_hma()
+    vc, kcc = groups_config(tmp_path, extra)
+    with pytest.raises(ConfigError, match=says):
+        MiniFlexHMAConnector(vc, KVConnectorRole.SCHEDULER, kcc)
 
 
 GRANITE_HYBRID = {
