@@ -95,6 +95,9 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         self.layers = [list(g.layer_names) for g in groups]
         if len({len(names) for names in self.layers}) != 1:  # vLLM's groups never differ
             geometry_for(compat.engine_layout(vllm_config), kv_cache_config, config.chunk_blocks)
+        self.block_size = int(groups[0].kv_cache_spec.block_size)
+        self.chunk_tokens = config.chunk_blocks(self.block_size) * self.block_size
+        self._check_windows(config)  # before any group's MiniFlex starts
         self.parts = [
             MiniFlexConnector(
                 vllm_config,
@@ -104,9 +107,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             )
             for g in range(len(groups))
         ]
-        geometry = self.parts[0].geometry
-        self.chunk_tokens, self.block_size = geometry.chunk_tokens, geometry.block_size
-        self._check_windows(config)
+        assert self.parts[0].geometry.chunk_tokens == self.chunk_tokens
         self.main = next(g for g, need in enumerate(self.needs) if need.window is None)
         """The full-attention group whose stats and hits vLLM is shown."""
         self._floor: dict[str, int] = {}
