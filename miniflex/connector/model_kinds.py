@@ -32,7 +32,9 @@ Served: one group of ``FullAttentionSpec``, including the sliding-window or
 chunked-local layers that vLLM promotes to full attention when its hybrid KV
 cache manager is off (it then keeps every block of every layer, so every page
 MiniFlex stores is live); one group of ``MLAAttentionSpec`` (DeepSeek-V2/V3's
-latent cache: one KV "head", the same on every TP rank).
+latent cache: one KV "head", the same on every TP rank). Several groups of full
+and sliding-window attention (vLLM's hybrid KV cache manager on) are served by
+``MiniFlexHMAConnector``, one group at a time (``hma_groups.py``).
 """
 
 from __future__ import annotations
