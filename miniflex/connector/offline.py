@@ -29,6 +29,7 @@ CONNECTOR = {
 def make_llm(
     model: Path | str,
     miniflex: dict[str, Any] | None,
+    *,
     connector: str = "MiniFlexConnector",
     **engine_args: Any,
 ) -> Any:
