@@ -157,9 +157,12 @@ def engine(tmp_path: Path) -> Engine:
     return Engine(tmp_path, max_batched=4 * CHUNK)
 
 
-def load_and_check(engine: Engine, stored: Request, req_id: str, hit: int) -> None:
-    """Serve ``req_id`` (``stored``'s prompt) from a hit of ``hit`` tokens: the forward
-    after its load reads exactly the stored pages, in both groups."""
+def load_and_check(
+    engine: Engine, stored: Request, req_id: str, hit: int, loaded: int | None = None
+) -> None:
+    """Serve ``req_id`` (``stored``'s prompt) from a hit of ``hit`` tokens, ``loaded`` of them
+    by MiniFlex (None: all): the forward after its load reads exactly the stored pages, in
+    both groups."""
     engine.add(req_id, list(stored.prompt_token_ids))
     so = engine.step()  # the load is queued (and done)
     assert not so.num_scheduled_tokens  # nothing computed while its KV loads
@@ -173,7 +176,7 @@ def load_and_check(engine: Engine, stored: Request, req_id: str, hit: int) -> No
             for i in blocks
         )
     engine.run()
-    assert engine.params[req_id]["hit_tokens"] == hit
+    assert engine.params[req_id]["hit_tokens"] == (hit if loaded is None else loaded)
     parts = engine.sched.connector.parts
     assert all(p.manager.cpu.usage().pinned_or_moving == 0 for p in parts)
 
@@ -196,3 +199,15 @@ def test_a_window_missing_from_its_tier_shortens_the_hit_to_a_window_held(engine
     chunk9 = chunk_key(sliding.ns, bytes(a.block_hashes[9 * 2 + 1]))  # keyed by its last block
     assert sliding.cpu.drop(chunk9)  # the window before chunk 10 is gone; before 9 is whole
     load_and_check(engine, a, "b", 9 * CHUNK)
+
+
+def test_a_hit_extends_vllm_own_hit_in_both_groups(engine: Engine) -> None:
+    """vLLM still holds the first 4 chunks (another request's); MiniFlex loads the rest:
+    the full-attention group from chunk 4 on, the sliding-window group its last window."""
+    prompt = tokens(3, 10 * CHUNK + 5)
+    a = engine.add("a", prompt)
+    engine.run()
+    assert engine.sched.reset_prefix_cache()
+    engine.add("x", prompt[: 4 * CHUNK + 1])  # vLLM caches its first 4 chunks again
+    engine.run()
+    load_and_check(engine, a, "b", 10 * CHUNK, loaded=6 * CHUNK)
