@@ -37,6 +37,7 @@ from tests.connector.engine_config import (
     make_vllm_config,
     write_model_config,
 )
+from tests.connector.movers import GatedMover
 
 WINDOW, CHUNK, NUM_BLOCKS = 4 * BLOCK, 2 * BLOCK, 96
 LAYERS = ("model.layers.0.attn", "model.layers.1.attn")  # group 0: sliding window, 1: full
@@ -104,14 +105,24 @@ class Engine:
                 for b in range(start // BLOCK, min(end // BLOCK, len(req.block_hashes))):
                     t[tables[g][b]] = self.page(req, b, g).half()
 
-    def step(self) -> Any:
+    def gate(self, g: int) -> GatedMover:
+        """Make group ``g``'s transfers pausable (clear the returned mover's ``gate``)."""
+        handler = self.worker.parts[g].handler
+        mover = GatedMover(handler._mover, self.kv, handler._store_mover)
+        handler._mover = handler._store_mover = mover
+        return mover
+
+    def free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def step(self, drain: bool = True) -> Any:
         so = self.sched.schedule()
         w = self.worker
         w.bind_connector_metadata(so.kv_connector_metadata)
         w.start_load_kv(None)
         self.compute(so)
         w.wait_for_save()
-        for part in w.parts:
+        for part in w.parts if drain else ():
             part.handler.drain()
         sending, recving = w.get_finished(so.finished_req_ids)
         out = KVConnectorOutput(
@@ -211,3 +222,49 @@ def test_a_hit_extends_vllm_own_hit_in_both_groups(engine: Engine) -> None:
     engine.add("x", prompt[: 4 * CHUNK + 1])  # vLLM caches its first 4 chunks again
     engine.run()
     load_and_check(engine, a, "b", 10 * CHUNK, loaded=6 * CHUNK)
+
+
+def test_a_request_waits_for_every_group_load(engine: Engine) -> None:
+    """vLLM learns that a load finished only once every group's has: a request whose
+    full-attention group is loaded waits for its sliding-window group's window."""
+    a = engine.add("a", tokens(4, 10 * CHUNK + 5))
+    engine.run()
+    assert engine.sched.reset_prefix_cache()
+    sliding = engine.gate(0)
+    sliding.gate.clear()  # the sliding-window group's load hangs mid-flight
+    engine.add("b", list(a.prompt_token_ids))
+    engine.step(drain=False)
+    engine.worker.parts[1].handler.drain()  # the full-attention group's load is done
+    for _ in range(3):
+        assert not engine.step(drain=False).num_scheduled_tokens
+    assert engine.requests["b"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    sliding.gate.set()
+    engine.run()
+    for g, need in enumerate(NEEDS):
+        assert all(
+            torch.equal(engine.read[("b", g, i)], engine.page(a, i, g).half())
+            for i in need.needed_blocks(0, 10 * CHUNK, BLOCK)
+        )
+
+
+def test_a_request_aborted_while_one_group_loads_keeps_its_blocks_until_it_is_done(
+    engine: Engine,
+) -> None:
+    prompt = tokens(5, 10 * CHUNK + 5)
+    engine.add("a", prompt)
+    engine.run()
+    assert engine.sched.reset_prefix_cache()
+    total = engine.free_blocks()
+    sliding = engine.gate(0)
+    sliding.gate.clear()
+    engine.add("b", prompt)
+    engine.step(drain=False)
+    engine.worker.parts[1].handler.drain()
+    engine.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    engine.step(drain=False)
+    assert "b" in engine.sched.requests and engine.free_blocks() < total
+    sliding.gate.set()
+    engine.run()
+    assert "b" not in engine.sched.requests and engine.free_blocks() == total
+    parts = engine.sched.connector.parts
+    assert all(p.manager.cpu.usage().pinned_or_moving == 0 for p in parts)
