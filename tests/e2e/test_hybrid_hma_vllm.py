@@ -10,6 +10,7 @@ engine's cold (recomputed) output, with vLLM's own prefix-cache hit as the noise
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.e2e.engine import (
     CHUNK_TOKENS,
     KV_BYTES_PER_TOKEN,
     close,
+    omp_binding,
     prompt,
 )
 
@@ -31,21 +33,26 @@ KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def start(root: Path, **engine_args: Any) -> Any:
     spec = TinyModelSpec(
         layer_types=("sliding_attention", "full_attention") * 2, sliding_window=WINDOW
     )
-    model = write_tiny_model(tmp_path_factory.mktemp("hybrid") / "model", spec)
     engine = offline.make_llm(
-        model,
+        write_tiny_model(root / "model", spec),
         {"cpu_bytes": "64MiB", "blocks_per_chunk": BLOCKS_PER_CHUNK},
         connector="MiniFlexHMAConnector",
         kv_cache_memory_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
         block_size=BLOCK_SIZE,
         max_model_len=2048,
+        **engine_args,
     )
     assert engine.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    return engine
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    engine = start(tmp_path_factory.mktemp("hybrid"))
     yield engine
     close(engine)
 
@@ -97,3 +104,20 @@ def test_a_longer_prompt_hits_the_stored_prefix_and_matches_its_recompute(llm: A
     assert miniflex(warm)["hit_tokens"] == len(first) // CHUNK_TOKENS * CHUNK_TOKENS
     assert warm.outputs[0].token_ids == recomputed.outputs[0].token_ids
     assert max_logprob_difference(warm, recomputed) == 0.0
+
+
+def test_at_tp_2_each_rank_serves_its_shard_of_both_groups(tmp_path: Path) -> None:
+    tokens = prompt(700, 1000)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", omp_binding(2))
+        engine = start(tmp_path, tensor_parallel_size=2)
+        try:
+            cold = generate(engine, tokens)
+            evict_gpu_prefix_cache(engine)
+            warm = generate(engine, tokens)
+        finally:
+            close(engine)
+    assert miniflex(cold)["stored_tokens_by_group"][1] == len(tokens) // CHUNK_TOKENS * CHUNK_TOKENS
+    assert miniflex(warm)["hit_tokens"] == len(tokens) // CHUNK_TOKENS * CHUNK_TOKENS
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert max_logprob_difference(warm, cold) == 0.0
