@@ -65,9 +65,9 @@ def serves_groups(kv_cache_config: Any) -> bool:
     return len(groups) > 1 and kinds <= SERVED_KINDS
 
 
-def _group_settings(config: MiniFlexConfig, g: int, count: int) -> MiniFlexConfig:
+def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> MiniFlexConfig:
     """Group ``g``'s share of the settings: ``cpu_bytes / count``, async loads, its own
-    pool file; the status file is group 0's."""
+    pool file; the status file is the ``main`` group's."""
     if config.ssd_dirs:
         raise ConfigError("ssd_dirs", config.ssd_dirs, "no SSD tier yet for several KV groups")
     return dataclasses.replace(
@@ -75,7 +75,7 @@ def _group_settings(config: MiniFlexConfig, g: int, count: int) -> MiniFlexConfi
         cpu_bytes=config.cpu_bytes // count,
         load_mode="async",
         cpu_pool_file=f"{config.cpu_pool_file}.g{g}" if config.cpu_pool_file else None,
-        status_file=config.status_file if g == 0 else None,
+        status_file=config.status_file if g == main else None,
     )
 
 
@@ -98,18 +98,18 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         self.block_size = int(groups[0].kv_cache_spec.block_size)
         self.chunk_tokens = config.chunk_blocks(self.block_size) * self.block_size
         self._check_windows(config)  # before any group's MiniFlex starts
+        self.main = next(g for g, need in enumerate(self.needs) if need.window is None)
+        """The full-attention group whose stats, status and hits vLLM is shown."""
         self.parts = [
             MiniFlexConnector(
                 vllm_config,
                 role,
                 group_config(kv_cache_config, g),
-                _group_settings(config, g, len(groups)),
+                _group_settings(config, g, len(groups), self.main),
             )
             for g in range(len(groups))
         ]
         assert self.parts[0].geometry.chunk_tokens == self.chunk_tokens
-        self.main = next(g for g, need in enumerate(self.needs) if need.window is None)
-        """The full-attention group whose stats and hits vLLM is shown."""
         self._floor: dict[str, int] = {}
         """Request -> its first chunk whose window-group blocks are all real (vLLM gives a
         window group null blocks before the window of the tokens it was admitted with)."""
