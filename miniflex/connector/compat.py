@@ -21,6 +21,9 @@ Known differences:
 * The KV cache spec classes differ between versions; ``model_kinds.py`` reads
   them by class name and optional attributes, so a spec a version lacks is
   simply never seen.
+* ``SupportsHMA`` (a connector that serves vLLM's hybrid KV cache manager, with
+  ``request_finished_all_groups``) is looked up by name (``hma_base``); a
+  version without it never keeps that manager for a connector.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ __all__ = [
     "engine_id",
     "hash_block_size",
     "graph_rule",
+    "group_block_ids",
+    "hma_base",
     "hit_source",
     "max_model_len",
     "model_name",
@@ -53,6 +58,7 @@ __all__ = [
     "scheduled_requests",
     "serve_command",
     "share_vllm_logging",
+    "state_model",
     "reporting_workers",
     "tp_rank",
     "tp_size",
@@ -124,6 +130,36 @@ def engine_layout(vllm_config: Any) -> EngineLayout:
         tensor_parallel=int(pc.tensor_parallel_size),
         rank_schedulers=getattr(pc, "distributed_executor_backend", None) == "external_launcher",
     )
+
+
+def state_model(vllm_config: Any) -> str | None:
+    """The architecture of a model whose layers keep a running state (Mamba, linear
+    attention: vLLM's ``IsHybrid`` or attention-free ``HasInnerState`` models); None for
+    a model of attention layers only (sliding-window ones included)."""
+    mc = getattr(vllm_config, "model_config", None)
+    if mc is None:
+        return None
+    hybrid = bool(getattr(mc, "is_hybrid", False))
+    stateful = bool(getattr(mc, "is_attention_free", False)) and bool(
+        getattr(mc, "has_inner_state", False)
+    )
+    if not (hybrid or stateful):
+        return None
+    archs = getattr(getattr(mc, "hf_config", None), "architectures", None) or ()
+    return str(archs[0]) if archs else str(getattr(mc, "architecture", "") or "unknown")
+
+
+def hma_base() -> type | None:
+    """vLLM's ``SupportsHMA`` marker class, or None where this version has none."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    return getattr(base, "SupportsHMA", None)
+
+
+def group_block_ids(block_ids: Any) -> tuple[list[BlockId], ...]:
+    """Every KV cache group's block ids, in group order, from vLLM's per-group tuple
+    (``request_finished_all_groups``, ``KVCacheBlocks.get_block_ids()``)."""
+    return tuple([BlockId(b) for b in group] for group in block_ids)
 
 
 def hash_block_size(kv_cache_config: Any) -> int | None:

@@ -33,7 +33,7 @@ from miniflex.connector.hook_clock import HOOKS, timed_hook
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
-from miniflex.connector.model_kinds import geometry_for
+from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.scheduler_side import start_manager
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
@@ -60,12 +60,19 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     _cache_hit_source = compat.hit_source("host")  # vLLM 0.32+; per hit: the hook below
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+    def __init__(
+        self,
+        vllm_config: Any,
+        role: KVConnectorRole,
+        kv_cache_config: Any = None,
+        config: MiniFlexConfig | None = None,
+    ):
+        """``config``: MiniFlex's settings (None: read from ``kv_connector_extra_config``)."""
         compat.quiet_connector_notice()
         super().__init__(vllm_config, role, kv_cache_config)
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        self.config = MiniFlexConfig.from_dict(extra)
+        self.config = config if config is not None else MiniFlexConfig.from_dict(extra)
         if kv_cache_config is None:
             raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
         geometry = geometry_for(
@@ -340,6 +347,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        # Called before vLLM groups the layers: refuse Mamba models with MiniFlex's reason.
+        check_stateless(compat.model_name(vllm_config), compat.state_model(vllm_config))
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
     def _observe(self) -> None:

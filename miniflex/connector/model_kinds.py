@@ -32,7 +32,9 @@ Served: one group of ``FullAttentionSpec``, including the sliding-window or
 chunked-local layers that vLLM promotes to full attention when its hybrid KV
 cache manager is off (it then keeps every block of every layer, so every page
 MiniFlex stores is live); one group of ``MLAAttentionSpec`` (DeepSeek-V2/V3's
-latent cache: one KV "head", the same on every TP rank).
+latent cache: one KV "head", the same on every TP rank). Several groups of full
+and sliding-window attention (vLLM's hybrid KV cache manager on) are served by
+``MiniFlexHMAConnector``, one group at a time (``hma_groups.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 
-__all__ = ["EngineLayout", "geometry_for", "refusal_of_spec"]
+__all__ = ["EngineLayout", "check_stateless", "geometry_for", "refusal_of_spec"]
 
 _REASONS = {
     "MambaSpec": (
@@ -54,7 +56,9 @@ _REASONS = {
     ),
     "SlidingWindowSpec": (
         "vLLM's hybrid KV cache manager frees the blocks that leave the window while the "
-        "request runs; MiniFlex stores and loads whole prefixes of one group only"
+        "request runs; a model of such layers only has no group whose prefix MiniFlex can "
+        "store whole (one that mixes them with full-attention layers is served: whole by "
+        "MiniFlexConnector, a window per hit by MiniFlexHMAConnector)"
     ),
     "ChunkedLocalAttentionSpec": (
         "vLLM's hybrid KV cache manager frees the blocks of finished attention chunks while "
@@ -141,6 +145,25 @@ def _refusal_of_mla(spec: Any) -> str | None:
             "page of one latent vector per token"
         )
     return None
+
+
+def check_stateless(model: str, state_arch: str | None) -> None:
+    """Refuse a model whose layers keep a running state (``state_arch``: its architecture,
+    from ``compat.state_model``; None: attention layers only) with a ConfigError.
+
+    Runs when vLLM asks the connector for its KV layout (``get_required_kvcache_layout``),
+    before it groups the layers into KV cache groups (vLLM 0.32: in the engine core, as it
+    initializes the KV cache; 0.26: in the workers, as their attention backends describe
+    the layers' KV caches). Without it, vLLM, which turns its hybrid KV cache manager
+    off for ``MiniFlexConnector``, fails on such a model with "Failed to promote local KV
+    cache specs to one unified type", which names neither the model nor MiniFlex.
+    """
+    if state_arch is not None:
+        raise ConfigError(
+            "model",
+            model,
+            f"{state_arch} has Mamba/linear-attention layers: {_REASONS['MambaSpec']}",
+        )
 
 
 def _describe(group: Any, index: int, count: int) -> str:

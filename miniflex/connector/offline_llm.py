@@ -26,8 +26,16 @@ CONNECTOR = {
 }
 
 
-def make_llm(model: Path | str, miniflex: dict[str, Any] | None, **engine_args: Any) -> Any:
+def make_llm(
+    model: Path | str,
+    miniflex: dict[str, Any] | None,
+    *,
+    connector: str = "MiniFlexConnector",
+    **engine_args: Any,
+) -> Any:
     """An ``LLM`` for token-id prompts (no tokenizer), eager, bf16; ``miniflex=None``: APC only.
+
+    ``connector``: ``MiniFlexHMAConnector`` keeps vLLM's hybrid KV cache manager on.
 
     ``engine_args`` go to ``vllm.LLM`` and override these defaults, e.g.
     ``kv_cache_memory_bytes`` (CPU) or ``num_gpu_blocks_override`` (GPU). The
@@ -51,12 +59,15 @@ def make_llm(model: Path | str, miniflex: dict[str, Any] | None, **engine_args: 
             str(args.get("kv_cache_dtype") or "auto"),
         )
         check_before_start(str(model), MiniFlexConfig.from_dict(miniflex), engine)
-        args.setdefault("disable_hybrid_kv_cache_manager", True)  # MiniFlex keeps one KV group
+        if connector == CONNECTOR["kv_connector"]:  # one KV cache group
+            args.setdefault("disable_hybrid_kv_cache_manager", True)
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
     if miniflex is not None:
-        kv = KVTransferConfig(**CONNECTOR, kv_connector_extra_config=miniflex)
+        kv = KVTransferConfig(
+            **{**CONNECTOR, "kv_connector": connector}, kv_connector_extra_config=miniflex
+        )
     return LLM(model=str(model), kv_transfer_config=kv, **args)
 
 

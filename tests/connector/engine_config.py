@@ -58,8 +58,11 @@ def make_vllm_config(
     extra: dict[str, Any],
     num_blocks: int = 64,
     max_batched: int = 512,
+    connector: str = "MiniFlexConnector",
 ) -> VllmConfig:
-    """vLLM's config with MiniFlex as its connector; ``extra`` is its extra config."""
+    """vLLM's config with MiniFlex as its connector; ``extra`` is its extra config.
+    ``connector``: the class vLLM loads (``MiniFlexHMAConnector`` keeps the hybrid KV
+    cache manager on)."""
     mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0)
     sc = SchedulerConfig(
         max_num_seqs=8,
@@ -69,7 +72,7 @@ def make_vllm_config(
         is_encoder_decoder=False,
     )
     kt = KVTransferConfig(
-        kv_connector="MiniFlexConnector",
+        kv_connector=connector,
         kv_connector_module_path="miniflex.connector",
         kv_role="kv_both",
         kv_connector_extra_config=extra,

@@ -24,6 +24,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+import miniflex.connector
 from miniflex.connector import MiniFlexConnector, compat
 from tests.connector.engine_config import (
     BLOCK,
@@ -291,6 +292,7 @@ def make_harness(
     cudagraphs: str | None = None,
     tp_size: int = 1,
     mla: bool = False,
+    connector: str = "MiniFlexConnector",
 ) -> Harness:
     """``extra``: more ``kv_connector_extra_config`` keys (e.g. the SSD tier's).
 
@@ -301,7 +303,8 @@ def make_harness(
     replays as a full graph calls no ``wait_for_layer_load``. ``tp_size``: that many
     workers, each with KV tensors of its own, run every plan; vLLM's
     KVOutputAggregator merges their outputs as its executor does. ``mla``: the layers
-    cache one latent head (``MLAAttentionSpec``), the same bytes on every rank."""
+    cache one latent head (``MLAAttentionSpec``), the same bytes on every rank.
+    ``connector``: the class vLLM loads from ``miniflex.connector``."""
     write_model_config(model_dir)
     vc = make_vllm_config(
         model_dir,
@@ -313,6 +316,7 @@ def make_harness(
         },
         num_blocks,
         max_batched,
+        connector,
     )
     vc.parallel_config.tensor_parallel_size = vc.parallel_config.world_size = tp_size
     if cudagraphs is not None:
@@ -362,7 +366,8 @@ def as_rank(rank: int) -> Iterator[None]:
 def make_rank(vc: Any, kcc: Any, rank: int, num_blocks: int, mla: bool = False) -> Rank:
     """A worker of TP rank ``rank`` with its own KV tensors, registered as vLLM does."""
     with as_rank(rank):
-        worker = MiniFlexConnector(vc, KVConnectorRole.WORKER, kcc)
+        cls = getattr(miniflex.connector, vc.kv_transfer_config.kv_connector)
+        worker = cls(vc, KVConnectorRole.WORKER, kcc)
         kv = {
             f"layer{i}": torch.zeros(num_blocks, *page_shape(mla), dtype=torch.float16)
             for i in range(LAYERS)
