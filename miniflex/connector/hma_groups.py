@@ -141,7 +141,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             if c < local_chunks:
                 return True  # vLLM's own hit
             manager = self.parts[g].manager
-            keys = manager.state(req_id).keys
+            keys = manager.state_for(req_id).keys
             return c < len(keys) and keys[c] in manager.cpu
 
         return held
@@ -152,7 +152,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         answers = [p.get_num_new_matched_tokens(request, num_computed_tokens) for p in self.parts]
         if any(n is None for n, _ in answers):
             return None, False
-        keys = self.parts[self.main].manager.state(request.request_id).keys
+        keys = self.parts[self.main].manager.state_for(request.request_id).keys
         end = longest_hit(
             self.needs,
             self._held(request.request_id, num_computed_tokens // self.chunk_tokens),
@@ -169,7 +169,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         for g, part in enumerate(self.parts):
             n = num_external_tokens
             if n > 0 and self.needs[g].window is not None:
-                st = part.manager.state(request.request_id)
+                st = part.manager.state_for(request.request_id)
                 end = st.num_computed_tokens + n
                 first = max(st.num_computed_tokens, self.needs[g].first_needed_token(end))
                 st.num_computed_tokens = first // self.block_size * self.block_size
@@ -196,7 +196,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             if s.replace_blocks:  # a whole new table: null before the admitted window
                 first_block = need.first_needed_token(s.num_computed_tokens) // self.block_size
                 self._floor[s.req_id] = -(-first_block * self.block_size // ct)
-            st = manager.state(s.req_id)
+            st = manager.state_for(s.req_id)
             keep = need.kept_chunks((s.num_computed_tokens + s.num_scheduled_tokens) // ct, ct)
             st.stored_chunks = max(st.stored_chunks, keep.start, self._floor.get(s.req_id, 0))
 
@@ -255,8 +255,8 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         assert isinstance(connector_metadata, GroupsMetadata)
         for g, (part, meta) in enumerate(zip(self.parts, connector_metadata.metas, strict=True)):
             part.bind_connector_metadata(meta)
-            for job in meta.plan.jobs_of(JobKind.LOAD):
-                if not job.synchronous:
+            for job in meta.plan.jobs:
+                if job.kind is JobKind.LOAD and not job.synchronous:
                     self._recv_wait[job.req_id].add(g)
             for r in meta.plan.release:
                 self._send_wait[r].add(g)
@@ -287,7 +287,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         for g, part in enumerate(self.parts):
             part.wait_for_save()
             if self.needs[g].window is not None and part.has_connector_metadata():
-                stores = part._plan().jobs_of(JobKind.STORE)
+                stores = [j for j in part._plan().jobs if j.kind is JobKind.STORE]
                 part.handler.wait_for(tuple(j.req_id for j in stores))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from miniflex.connector import offline
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector import offline_llm
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from miniflex.tinymodel import TinyModelSpec, write_tiny_model
 from tests.e2e.engine import (
     BLOCK_SIZE,
@@ -37,7 +37,7 @@ def start(root: Path, **engine_args: Any) -> Any:
     spec = TinyModelSpec(
         layer_types=("sliding_attention", "full_attention") * 2, sliding_window=WINDOW
     )
-    engine = offline.make_llm(
+    engine = offline_llm.make_llm(
         write_tiny_model(root / "model", spec),
         {"cpu_bytes": "64MiB", "blocks_per_chunk": BLOCKS_PER_CHUNK},
         connector="MiniFlexHMAConnector",
