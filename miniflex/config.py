@@ -420,6 +420,8 @@ class MiniFlexConfig:
     remote_tls_key_file: str | None = field(default=_SPECS["remote_tls_key_file"].default)
     remote_timeout_s: float = field(default=_SPECS["remote_timeout_s"].default)
     remote_retry_s: float = field(default=_SPECS["remote_retry_s"].default)
+    remote_write: str = field(default=_SPECS["remote_write"].default)
+    remote_read_gbps: float | None = field(default=_SPECS["remote_read_gbps"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

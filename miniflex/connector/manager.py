@@ -42,13 +42,16 @@ from miniflex.plan import (
     JobResult,
     LoadProbe,
     LoadTiming,
+    RemoteCopy,
     SlotCopy,
     TransferJob,
     TransferPlan,
 )
+from miniflex.remote.lookup import RemoteLookup
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, SlotTier, TierStack
 from miniflex.tiers.admission import SSDAdmission
+from miniflex.tiers.remote_fetch import acquire_fetches
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId, Tier
 
 __all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
@@ -143,6 +146,8 @@ class MiniFlexManager:
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
         self.num_workers = num_workers
+        self.remote: RemoteLookup | None = None
+        """The remote tier's lookup (``remote_url``), set by the connector's start-up."""
         self._reqs: dict[ReqId, ReqState] = {}
         self._jobs: dict[JobId, _Job] = {}
         self._next_job = 0
@@ -220,11 +225,17 @@ class MiniFlexManager:
             tiers = [Tier.CPU] * hit
         if self._wait_for_landing(st, keys, start + len(tiers)):
             return None
+        if self.remote is not None:  # the chunks after the local run that the store holds
+            end = start + len(tiers)
+            ask = keys[end : start + self.tiers.max_load_chunks]
+            tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
+            hit = len(tiers)
         st.resident_by_tier = tokens_by_tier(tiers, start * ct, num_tokens, ct)
-        if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
+        if any(t is not Tier.CPU for t in tiers):  # a load stages its chunks in CPU slots
             tiers = tiers[: self.tiers.max_load_chunks]
         if hit:
-            hit = self.advisor.decide(st, tiers, num_tokens, num_computed, self.ssd is not None)
+            slow = self.ssd is not None or self.remote is not None
+            hit = self.advisor.decide(st, tiers, num_tokens, num_computed, slow)
         end = min((start + hit) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed or (
             self.config.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
@@ -278,7 +289,10 @@ class MiniFlexManager:
             # Only chunks still in CPU load inside the step; one that another request's
             # promotion evicted since the lookup becomes a load error (recomputed).
             keys = keys[: self.cpu.match(st.key_array[first // ct : -(-end // ct)])]
-        st.load = PendingLoad(first, num_external, self.tiers.acquire(keys), st.timing)
+        sources = self.tiers.acquire(keys)
+        if self.remote is not None and st.timing is LoadTiming.ASYNC and len(sources) < len(keys):
+            sources += acquire_fetches(self.cpu, keys[len(sources) :])
+        st.load = PendingLoad(first, num_external, sources, st.timing)
         st.loaded_as = st.timing
         self.stats.load_timing[st.timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, st.timing.value)
@@ -399,7 +413,9 @@ class MiniFlexManager:
             else:
                 chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
         promotions = tuple(SlotCopy(s.key, s.cpu, s.ssd) for s in load.sources if s.ssd is not None)
-        assert not (promotions and load.timing is not LoadTiming.ASYNC), "SSD reads load async"
+        fetches = tuple(RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote)
+        reads = promotions or fetches
+        assert not (reads and load.timing is not LoadTiming.ASYNC), "SSD, remote reads load async"
         job = self._new_job(
             st,
             JobKind.LOAD,
@@ -407,6 +423,7 @@ class MiniFlexManager:
             unavailable=tuple(unavailable),
             ssd=promotions,
             timing=load.timing,
+            remote=fetches,
         )
         self._jobs[job.job_id] = _Job(
             job, self.num_workers, sources=list(load.sources), block_tiers=block_tiers
@@ -449,7 +466,11 @@ class MiniFlexManager:
             for k, slot in placed
         ]
         st.stored_tokens += len(placed) * self.ns.chunk_tokens
-        job = self._new_job(st, JobKind.STORE, chunks)
+        puts = ()
+        if self.remote is not None and self.config.remote_write == "through":
+            puts = tuple(RemoteCopy(k, slot) for k, slot in placed)
+            self.stats.remote_puts += len(puts)
+        job = self._new_job(st, JobKind.STORE, chunks, remote=puts)
         self._jobs[job.job_id] = _Job(job, self.num_workers, placed=placed)
         st.store_jobs.add(job.job_id)
         return job
@@ -467,8 +488,10 @@ class MiniFlexManager:
             rec.failed_keys.update(r.failed_keys)
             self.stats.add_result(r)
             if r.kind is JobKind.LOAD and r.ok:
-                promoted = sum(1 for c in rec.sources if c.ssd is not None) - len(r.failed_keys)
-                self.advisor.observe_load(rec.job.timing, promoted, r)
+                bad = set(r.failed_keys)
+                promoted = sum(1 for c in rec.sources if c.ssd is not None and c.key not in bad)
+                fetched = sum(1 for c in rec.sources if c.remote and c.key not in bad)
+                self.advisor.observe_load(rec.job.timing, promoted, r, fetched)
             elif r.kind is JobKind.DEMOTE and r.ok:
                 self.tiers.observe_writes(len(rec.copies), r.seconds)
             if rec.pending_reports > 0:
@@ -535,10 +558,14 @@ class MiniFlexManager:
     def _commit_load(self, rec: _Job) -> dict[str, int]:
         """Unpin and publish a finished load; returns the tokens vLLM won't recompute, per tier."""
         self.tiers.release(rec.sources, rec.ok, rec.failed_keys)
-        self.stats.ssd_read_failures += len(rec.failed_keys)
-        self.stats.promoted_chunks += sum(
-            1 for s in rec.sources if s.ssd is not None and s.key not in rec.failed_keys
-        )
+        for s in rec.sources:
+            bad = s.key in rec.failed_keys
+            if s.ssd is not None:
+                self.stats.ssd_read_failures += bad
+                self.stats.promoted_chunks += not bad
+            elif s.remote:
+                self.stats.remote_read_failures += bad
+                self.stats.remote_fetched_chunks += not bad
         if not rec.ok:
             return {}
         # vLLM recomputes from the first block that failed (or was unavailable) on.
@@ -622,6 +649,7 @@ class MiniFlexManager:
                     "per_pair_s": prefill.per_pair,
                 },
             },
+            "remote": self.remote.status() if self.remote is not None else None,
             "requests_tracked": len(self._reqs),
             "jobs_in_flight": len(self._jobs),
             "totals": TransferStats().merge(self.totals).merge(self.stats).as_counters(),
@@ -648,3 +676,5 @@ class MiniFlexManager:
     def _maybe_forget(self, st: ReqState) -> None:
         if st.finished and not st.busy:
             del self._reqs[st.req_id]
+            if self.remote is not None:
+                self.remote.forget(st.req_id)

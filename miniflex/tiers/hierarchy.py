@@ -69,14 +69,18 @@ accepts rather than dropping a chunk."""
 
 @dataclass(frozen=True)
 class ChunkSource:
-    """Where one chunk of a load comes from: CPU slot ``cpu``, after a read from ``ssd`` if set."""
+    """Where one chunk of a load comes from: CPU slot ``cpu``, after a read from ``ssd`` if set
+    or from the remote store if ``remote`` (see :mod:`miniflex.tiers.remote_fetch`)."""
 
     key: ChunkKey
     cpu: SlotId
     ssd: SlotId | None = None
+    remote: bool = False
 
     @property
     def tier(self) -> Tier:
+        if self.remote:
+            return Tier.REMOTE
         return Tier.CPU if self.ssd is None else Tier.SSD
 
 
@@ -204,6 +208,9 @@ class TierStack:
         """End a load: unpin (the prefix's first chunk last: most recently used);
         ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
         for src in reversed(sources):
+            if src.remote:  # fetched into a fresh CPU slot: published if it loaded
+                self.cpu.complete_store([(src.key, src.cpu)], ok and src.key not in bad_keys)
+                continue
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok)
                 continue
@@ -215,7 +222,9 @@ class TierStack:
     def cancel(self, sources: Sequence[ChunkSource]) -> None:
         """Undo :meth:`acquire` for a load never sent: unpin; promotion slots are freed unread."""
         for src in reversed(sources):
-            if src.ssd is None:
+            if src.remote:
+                self.cpu.complete_store([(src.key, src.cpu)], ok=False)
+            elif src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok=True)
             else:
                 assert self.ssd is not None

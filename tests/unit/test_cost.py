@@ -101,10 +101,16 @@ def test_load_bandwidth_follows_observations_unless_fixed() -> None:
 
 def test_config_overrides_fix_the_model() -> None:
     cfg = MiniFlexConfig.from_dict(
-        {"cpu_load_gbps": 20, "ssd_read_gbps": "0.5", "prefill_tokens_per_s": 10000}, env={}
+        {
+            "cpu_load_gbps": 20,
+            "ssd_read_gbps": "0.5",
+            "remote_read_gbps": 2,
+            "prefill_tokens_per_s": 10000,
+        },
+        env={},
     )
     m = make_cost_model(cfg, CHUNK_BYTES, CHUNK_TOKENS)
-    assert m.bandwidth == {CPU: 20e9, SSD: 0.5e9}
+    assert m.bandwidth == {CPU: 20e9, SSD: 0.5e9, Tier.REMOTE: 2e9}
     assert m.prefill == PrefillFit(0.0, 1e-4, 0.0)
     m.observe_load(CPU, 1 << 30, 1.0)
     m.observe_step(1000, 1e6, 5.0)

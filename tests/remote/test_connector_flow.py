@@ -1,0 +1,157 @@
+"""The remote tier inside vLLM's real Scheduler, against a real redis-server.
+
+Two engines of one model share a store: engine A computes a prompt (its
+chunks reach the store by write-through), engine B, with empty local tiers,
+loads it from the store bit for bit. Then the faults: a corrupted value, the
+server killed and back, wrong credentials. The harness's stand-in model makes
+every page a function of its prefix, so served bytes are checked exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from miniflex.connector import MiniFlexConnector
+from miniflex.errors import RemoteError
+from miniflex.remote.local_server import LocalServer
+from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.remote.conftest import NEEDS_SERVER
+
+pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
+pytestmark = NEEDS_SERVER
+
+CHUNK = 2 * BLOCK
+CHUNKS = 4
+PROMPT = CHUNKS * CHUNK + 10
+
+
+def tokens(seed: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(PROMPT)]
+
+
+def engine(model: Path, url: str, **extra: object) -> Harness:
+    """One engine with a CPU tier of 8 chunks and the store at ``url``."""
+    return make_harness(
+        model,
+        cpu_bytes=str(8 * 4096),
+        extra={"remote_url": url, "remote_timeout_s": 0.5, "remote_retry_s": 0.3, **extra},
+    )
+
+
+def totals(h: Harness) -> dict[str, float]:
+    stats = MiniFlexConnector.build_kv_connector_stats({})
+    for data in h.kv_stats:
+        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
+    return dict(stats.data)
+
+
+def computed(model: Path, url: str, seed: int) -> None:
+    """Engine A computes ``tokens(seed)``; closing it puts what its write-through queued."""
+    a = engine(model, url)
+    a.cached_in_miniflex_only("a", tokens(seed))
+    assert totals(a)["remote_puts"] == CHUNKS
+    a.worker.shutdown()
+
+
+def served(h: Harness, req_id: str, prompt: list[int]) -> int:
+    """Serve ``prompt``; the tokens vLLM did not compute (loaded bytes checked exactly)."""
+    req = h.add(req_id, prompt, max_tokens=2)
+    for _ in range(8):
+        so = h.step()
+        new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
+        if new is not None:
+            break
+    assert new is not None, f"{req_id} was never scheduled"
+    assert h.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
+    h.run()
+    return new.num_computed_tokens
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalServer]:
+    with LocalServer(tmp_path / "server") as srv:
+        yield srv
+
+
+def test_a_second_engine_loads_what_the_first_computed(tmp_path: Path, server: LocalServer) -> None:
+    computed(tmp_path / "model", server.url, seed=1)
+    b = engine(tmp_path / "model", server.url)
+    assert served(b, "b", tokens(1)) == CHUNKS * CHUNK
+    t = totals(b)
+    assert t["hit_tokens_remote"] == CHUNKS * CHUNK
+    assert t["remote_fetched_chunks"] == CHUNKS and t.get("remote_read_failures", 0) == 0
+    # now in B's CPU tier: the next request is a CPU hit, and nothing is put twice
+    b.sched.reset_prefix_cache()
+    assert served(b, "b2", tokens(1)) == CHUNKS * CHUNK
+    assert totals(b)["hit_tokens_cpu"] == CHUNKS * CHUNK
+    assert b.hits_by_source().get("external_unspecified", 0) >= CHUNKS * CHUNK
+    status = b.manager_side.manager.status()
+    assert status["remote"]["lookups"] > 0 and not status["remote"]["down"]
+    b.worker.shutdown()
+
+
+def test_another_model_reads_nothing(tmp_path: Path, server: LocalServer) -> None:
+    computed(tmp_path / "model", server.url, seed=2)
+    b = engine(tmp_path / "other-model", server.url)
+    assert served(b, "b", tokens(2)) == 0
+    b.worker.shutdown()
+
+
+def test_a_corrupt_value_is_recomputed_and_deleted(tmp_path: Path, server: LocalServer) -> None:
+    import redis
+
+    computed(tmp_path / "model", server.url, seed=3)
+    client = redis.Redis.from_url(server.url)
+    names = sorted(client.keys("miniflex:*"))
+    assert len(names) == CHUNKS
+    victim = names[0]
+    part = bytearray(client.hget(victim, b"0"))
+    part[100] ^= 0xFF
+    client.hset(victim, b"0", bytes(part))
+    b = engine(tmp_path / "model", server.url)
+    got = served(b, "b", tokens(3))
+    t = totals(b)
+    assert t["remote_read_failures"] == 1
+    assert got < CHUNKS * CHUNK  # vLLM recomputed from the corrupt chunk on
+    assert client.exists(victim) == 0 or client.hget(victim, b"0") != bytes(part)
+    b.worker.shutdown()
+
+
+def test_a_killed_server_costs_at_most_a_timeout(tmp_path: Path, server: LocalServer) -> None:
+    computed(tmp_path / "model", server.url, seed=4)
+    b = engine(tmp_path / "model", server.url)
+    server.kill()
+    t0 = time.monotonic()
+    assert served(b, "b", tokens(4)) == 0  # recomputed: nothing is reachable
+    assert served(b, "b2", tokens(5)) == 0
+    assert time.monotonic() - t0 < 5.0
+    status = b.manager_side.manager.status()["remote"]
+    assert status["down"] and status["errors"] >= 1
+    server.start()
+    time.sleep(0.4)  # the fast-fail window passes; the next lookup reconnects
+    b.sched.reset_prefix_cache()
+    served(b, "b3", tokens(6))
+    assert b.manager_side.manager.status()["remote"]["reconnects"] >= 1
+    b.worker.shutdown()
+
+
+def test_wrong_credentials_are_refused_at_start_up(tmp_path: Path) -> None:
+    with (
+        LocalServer(tmp_path / "server", password="right") as srv,
+        pytest.raises(RemoteError, match="remote_password"),
+    ):
+        engine(tmp_path / "model", srv.url, remote_password="wrong")
+
+
+def test_an_unreachable_store_is_a_warning_and_the_engine_serves(tmp_path: Path) -> None:
+    from miniflex.remote.local_server import free_port
+
+    h = engine(tmp_path / "model", f"redis://127.0.0.1:{free_port()}")
+    h.cached_in_miniflex_only("a", tokens(7))
+    h.sched.reset_prefix_cache()
+    assert served(h, "again", tokens(7)) == CHUNKS * CHUNK  # the CPU tier serves
+    h.worker.shutdown()
