@@ -17,6 +17,7 @@ import pytest
 
 from miniflex.connector import MiniFlexConnector
 from miniflex.errors import RemoteError
+from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
 from tests.connector.harness import BLOCK, Harness, make_harness
 from tests.remote.conftest import NEEDS_SERVER
@@ -155,3 +156,26 @@ def test_an_unreachable_store_is_a_warning_and_the_engine_serves(tmp_path: Path)
     h.sched.reset_prefix_cache()
     assert served(h, "again", tokens(7)) == CHUNKS * CHUNK  # the CPU tier serves
     h.worker.shutdown()
+
+
+def test_under_tp_a_hit_is_the_prefix_every_rank_holds(tmp_path: Path, server: LocalServer) -> None:
+    import redis
+
+    model = tmp_path / "model"
+    a = make_harness(model, cpu_bytes=str(8 * 4096), extra={"remote_url": server.url}, tp_size=2)
+    a.cached_in_miniflex_only("a", tokens(8))
+    for r in a.ranks:
+        r.worker.shutdown()
+    client = redis.Redis.from_url(server.url)
+    assert len(client.keys("miniflex:*")) == 2 * CHUNKS  # each rank's shard, apart
+    b = make_harness(model, cpu_bytes=str(8 * 4096), extra={"remote_url": server.url}, tp_size=2)
+    assert served(b, "b", tokens(8)) == CHUNKS * CHUNK
+    # one rank's shard of the third chunk gone: only the first two load
+    manager = b.manager_side.manager
+    third = chunk_key(manager.ns, bytes(b.requests["b"].block_hashes[3 * 2 - 1]))
+    client.delete(manager.remote.stores[1].redis_key(third))  # type: ignore[union-attr]
+    c = make_harness(model, cpu_bytes=str(8 * 4096), extra={"remote_url": server.url}, tp_size=2)
+    assert served(c, "c", tokens(8)) == 2 * CHUNK
+    for h in (b, c):
+        for r in h.ranks:
+            r.worker.shutdown()
