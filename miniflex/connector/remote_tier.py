@@ -32,7 +32,7 @@ from miniflex.remote.lookup import RemoteLookup
 from miniflex.remote.probe import probe_fetch_bandwidth
 from miniflex.remote.uploader import RemoteUploader
 
-__all__ = ["WorkerRemote", "open_checked", "open_lookup"]
+__all__ = ["WorkerRemote", "check_store", "open_checked", "open_lookup"]
 
 logger = logging.getLogger("miniflex.remote")
 
@@ -61,6 +61,20 @@ def open_checked(config: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore
             config.remote_retry_s,
         )
     return store
+
+
+def check_store(config: MiniFlexConfig) -> str:
+    """Before vLLM starts (``miniflex serve``, ``make_llm``): RemoteError for a store that
+    refuses MiniFlex, else one line saying whether it answered. The probe is written under a
+    namespace of zeros: credentials and ACLs depend on the key prefix, not the namespace."""
+    store = open_checked(config, bytes(16))
+    assert store is not None, "remote_url is set"
+    try:
+        up = not store.stats().down
+    finally:
+        store.close()
+    state = "answers" if up else "cannot be reached now: the local tiers serve until it answers"
+    return f"remote store {store.url}: {state}"
 
 
 def open_lookup(
