@@ -29,6 +29,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,15 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-blocks", type=int, default=None, help="vLLM's KV cache, in blocks")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--cpu-bytes", default="1GiB", help="MiniFlex's CPU tier per engine")
+    p.add_argument(
+        "--write-backlog", default="16GiB", help="remote_write_backlog: puts that may wait"
+    )
     p.add_argument("--url", default=None, help="an existing store (default: a private one)")
     p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     return p.parse_args(argv)
 
 
@@ -76,18 +81,17 @@ def _log(msg: str) -> None:
 
 
 def _engine(url: str, args: argparse.Namespace, settings: EngineSettings) -> OfflineDriver:
-    config = parse_configs(f"miniflex-cpu+remote_url={url}")[0]
+    text = f"miniflex-cpu+remote_url={url}+remote_write_backlog={args.write_backlog}"
+    config = parse_configs(text)[0]
     cpu = parse_size("cpu_bytes", args.cpu_bytes)
     tiers = TierSizes(cpu, cpu, 0, None, 0)
     return OfflineDriver(config, settings, tiers)
 
 
-def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    model, vocab, kv_bytes = _model(args)
-    lengths = [int(n) for n in args.prompt_tokens.split(",")]
-    longest = max(lengths)
+def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSettings:
+    longest = max(int(n) for n in args.prompt_tokens.split(","))
     blocks = args.gpu_blocks or -(-2 * longest // args.block_size)
-    settings = EngineSettings(
+    return EngineSettings(
         model=model,
         block_size=args.block_size,
         gpu_blocks=blocks,
@@ -97,6 +101,29 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         eager=args.eager,
     )
+
+
+def _wait_for_puts(url: str, quiet_s: float = 2.0, limit_s: float = 600.0) -> None:
+    """Until the store's key count stops growing for ``quiet_s``: write-through is done."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        n = int(client.dbsize())
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.25)
+    _log(f"the store holds {last} keys")
+    client.close()
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    model, vocab, kv_bytes = _model(args)
+    lengths = [int(n) for n in args.prompt_tokens.split(",")]
+    settings = _settings(args, model, kv_bytes)
     rng = random.Random(0)
     cases = [
         (n, r, [rng.randrange(3, vocab) for _ in range(n)])
@@ -110,6 +137,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         a.prefill(warm, "warmup")
         for _n, _r, tokens in cases:
             a.prefill(tokens, "compute")
+        _wait_for_puts(url)
     finally:
         a.close()  # write-through's queued puts go out first
     _log("engine B: fresh local tiers")
@@ -181,6 +209,11 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
+    if args.dry_run:
+        model = args.model or "(the demo's generated model)"
+        plan = {"settings": vars(args), "engine": vars(_settings(args, model, 0))}
+        print(json.dumps(plan, indent=1))
+        return 0
     if args.url:
         result = measure(args.url, args)
     else:

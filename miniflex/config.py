@@ -421,6 +421,7 @@ class MiniFlexConfig:
     remote_timeout_s: float = field(default=_SPECS["remote_timeout_s"].default)
     remote_retry_s: float = field(default=_SPECS["remote_retry_s"].default)
     remote_write: str = field(default=_SPECS["remote_write"].default)
+    remote_write_backlog: int = field(default=_SPECS["remote_write_backlog"].default)
     remote_read_gbps: float | None = field(default=_SPECS["remote_read_gbps"].default)
 
     def __post_init__(self) -> None:

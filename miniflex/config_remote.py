@@ -136,6 +136,15 @@ def _parse_write(key: str, value: object) -> str:
     return str(value)
 
 
+def _parse_backlog(key: str, value: object) -> int:
+    from miniflex.config import parse_size  # config imports this module first
+
+    n = parse_size(key, value)
+    if n <= 0:
+        raise ConfigError(key, value, "expected a positive size such as '1GiB'")
+    return n
+
+
 def _parse_gbps(key: str, value: object) -> float | None:
     if value is None or value in ("", "auto"):
         return None
@@ -235,10 +244,19 @@ REMOTE_SPECS: dict[str, Spec] = {
         _parse_write,
         "through",
         "How chunks reach the remote store. `through`: every chunk stored in the CPU tier is "
-        "also put to the store, asynchronously (a copy queued on a thread of its own; up to "
-        "256 MiB wait, more are dropped), unless the store holds it already, so the fleet "
-        "shares a prompt as soon as one replica computed it. `off`: this replica only reads.",
+        "also put to the store, asynchronously (a copy queued for a thread of its own), unless "
+        "the store holds it already, so the fleet shares a prompt as soon as one replica "
+        "computed it. `off`: this replica only reads.",
         "through",
+    ),
+    "remote_write_backlog": (
+        _parse_backlog,
+        1 << 30,
+        "Write-through: chunk copies waiting for their put, at most, per TP rank. A chunk "
+        "stored while this much waits (a store slower than the engine's prefill, or one that "
+        "is down) is not put, and counted; a prompt's head is queued before its tail, so the "
+        "store keeps a prefix.",
+        "1GiB",
     ),
     "remote_read_gbps": (
         _parse_gbps,

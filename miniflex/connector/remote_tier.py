@@ -98,9 +98,10 @@ def open_lookup(
 class WorkerRemote:
     """One rank's side of the remote tier: fetches, write-through puts, the start-up probe."""
 
-    def __init__(self, store: RemoteStore, write_through: bool) -> None:
+    def __init__(self, store: RemoteStore, write_backlog: int | None) -> None:
+        """``write_backlog``: bytes of write-through copies that may wait (None: no puts)."""
         self.store = store
-        self._write_through = write_through
+        self._write_backlog = write_backlog
         self.fetcher: RemoteFetcher | None = None
         self.uploader: RemoteUploader | None = None
         self._pool: HostPool | None = None
@@ -111,14 +112,15 @@ class WorkerRemote:
         store = open_checked(config, namespace_digest)
         if store is None:
             return None
-        return cls(store, config.remote_write == "through")
+        through = config.remote_write == "through"
+        return cls(store, config.remote_write_backlog if through else None)
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
         self._pool = pool
         self.fetcher = RemoteFetcher(self.store, pool)
-        if self._write_through:
-            self.uploader = RemoteUploader(self.store)
+        if self._write_backlog is not None:
+            self.uploader = RemoteUploader(self.store, self._write_backlog)
         return self.fetcher
 
     def probe(self) -> float | None:

@@ -12,7 +12,7 @@ queue holds ``max_bytes`` already (the store is slower than the engine's
 stores, or down and failing fast), a chunk offered is dropped and counted in
 ``dropped``: the local tiers still hold it. Example::
 
-    up = RemoteUploader(store, max_bytes=256 << 20)
+    up = RemoteUploader(store, max_bytes=1 << 30)   # remote_write_backlog
     up.offer(key, pool.slot(7))     # copies, queues, returns
     up.close()                      # puts what is queued, then stops
 """
@@ -33,7 +33,7 @@ __all__ = ["UPLOAD_QUEUE_BYTES", "RemoteUploader", "UploadStats"]
 
 logger = logging.getLogger("miniflex.remote")
 
-UPLOAD_QUEUE_BYTES = 256 << 20
+UPLOAD_QUEUE_BYTES = 1 << 30
 """Bytes of chunks waiting for their put, at most, before new ones are dropped."""
 _BATCH = 16
 
@@ -74,6 +74,15 @@ class RemoteUploader:
             self._counts["offered"] += 1
             if self._closed or self._bytes + nbytes > self._max_bytes:
                 self._counts["dropped"] += 1
+                first = self._counts["dropped"] == 1
+                if first and not self._closed:
+                    logger.warning(
+                        "MiniFlex remote store %s: write-through is behind by "
+                        "remote_write_backlog (%d bytes): chunks are not put until it catches "
+                        "up (the local tiers keep them)",
+                        self.store.url,
+                        self._max_bytes,
+                    )
                 return False
         copy = bytes(memoryview(data).cast("B"))  # outside the lock: a few ms per chunk
         with self._cond:

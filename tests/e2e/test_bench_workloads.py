@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from miniflex.config import parse_size
 from tests.e2e.engine import expected_hit, h200_dry_run, run_bench
 
 pytestmark = pytest.mark.e2e
@@ -220,3 +221,14 @@ def test_a_variant_of_miniflex_ssd_gets_its_ssd_directory(tiny_model: Path, tmp_
     plan = json.loads(proc.stdout)
     extra = plan["kv_transfer"]["miniflex-ssd+load_mode=async"]["kv_connector_extra_config"]
     assert extra["ssd_dirs"].startswith(str(tmp_path)) and extra["load_mode"] == "async"
+
+
+def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
+    """The remote part's engines as the H200 runs them: a 30k-token prompt fits vLLM's
+    cache and MiniFlex's CPU tier; with CUDA graphs; no engine or store started here."""
+    plan = h200_dry_run("remote", tmp_path)
+    assert plan["settings"]["prompt_tokens"] == "8192,30000"
+    engine = plan["engine"]
+    assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
+    assert engine["load_format"] == "dummy" and engine["eager"] is False
+    assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456

@@ -179,3 +179,26 @@ def test_under_tp_a_hit_is_the_prefix_every_rank_holds(tmp_path: Path, server: L
     for h in (b, c):
         for r in h.ranks:
             r.worker.shutdown()
+
+
+def test_write_through_behind_its_backlog_keeps_a_prefix(
+    tmp_path: Path, server: LocalServer
+) -> None:
+    """A backlog of one chunk while the store is paused: the head is put, the rest dropped
+    (counted), and the engine never waited for the store."""
+    from miniflex.remote.uploader import RemoteUploader
+    from tests.remote.conftest import key, store
+
+    up = RemoteUploader(store(server.url, timeout_s=0.5), max_bytes=4096)
+    server.pause()
+    try:
+        t0 = time.monotonic()
+        offered = [up.offer(key(i), bytes([i]) * 4096) for i in range(4)]
+        assert time.monotonic() - t0 < 0.2  # offers never wait for the store
+    finally:
+        server.resume()
+    assert up.flush(10.0)
+    s = up.stats()
+    assert offered[0] and s.dropped >= 2 and s.put + s.failed + s.skipped == 4 - s.dropped
+    up.close()
+    assert up.store.get(key(0)) in (bytes([0]) * 4096, None)  # a timed-out put may fail
