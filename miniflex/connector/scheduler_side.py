@@ -48,11 +48,11 @@ def start_manager(
     )
     manager.remote = remote
     recovered = ssd_tier.seed(manager, config, geometry, ns, placement)
-    if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
+    if (ssd_slots or remote) and not compat.block_hashes_reproducible(hash_seed_set()):
         logger.warning(
-            "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
-            "will not be found after a restart; set PYTHONHASHSEED (any value, the "
-            "same for every start) to keep them"
+            "vLLM seeds its block hashes randomly in each process, so chunks on SSD or in "
+            "the remote store will not be found after a restart or by another replica; set "
+            "PYTHONHASHSEED (any value, the same for every start and replica) to keep them"
         )
     logger.info(
         "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB in %d pool(s)), %d SSD slots "
