@@ -17,6 +17,7 @@ import pytest
 
 from miniflex.connector import MiniFlexConnector
 from miniflex.errors import RemoteError
+from miniflex.inspect import inspect_status
 from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
 from tests.connector.harness import BLOCK, Harness, make_harness
@@ -80,7 +81,7 @@ def server(tmp_path: Path) -> Iterator[LocalServer]:
 
 def test_a_second_engine_loads_what_the_first_computed(tmp_path: Path, server: LocalServer) -> None:
     computed(tmp_path / "model", server.url, seed=1)
-    b = engine(tmp_path / "model", server.url)
+    b = engine(tmp_path / "model", server.url, status_file=str(tmp_path / "status.json"))
     assert served(b, "b", tokens(1)) == CHUNKS * CHUNK
     t = totals(b)
     assert t["hit_tokens_remote"] == CHUNKS * CHUNK
@@ -92,7 +93,9 @@ def test_a_second_engine_loads_what_the_first_computed(tmp_path: Path, server: L
     assert b.hits_by_source().get("external_unspecified", 0) >= CHUNKS * CHUNK
     status = b.manager_side.manager.status()
     assert status["remote"]["lookups"] > 0 and not status["remote"]["down"]
-    b.worker.shutdown()
+    b.shutdown()
+    shown = inspect_status(tmp_path / "status.json")
+    assert f"remote store {server.url}: up; shards 1" in shown
 
 
 def test_another_model_reads_nothing(tmp_path: Path, server: LocalServer) -> None:
