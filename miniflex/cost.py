@@ -37,14 +37,26 @@ rest of the prompt, against the best asynchronous load::
     async     = load + prefill + step                     (the request waits a step)
 
 ``step`` is the engine's recent step time (a moving average of observed
-steps). A layerwise load has a bandwidth of its own: it is issued layer by
-layer through the mover's direct path, which can be much slower than a
-whole-slot copy (on the H200, a 30k-token hit took 186 ms layerwise against
+steps). A layerwise load also holds up every other request in its step: each
+layer's attention waits for that layer's copy, so the step lasts
+``layerwise`` rather than ``prefill``. With ``others`` requests running
+beside it, the load goes layerwise only if what this request gains pays for
+what they lose::
+
+    layerwise + others * (layerwise - prefill) <= async
+
+so under concurrent load (the engine busy with other requests) hits load
+asynchronously, while the engine keeps computing, and an engine otherwise
+idle overlaps the load with the prefill.
+
+A layerwise load has a bandwidth of its own: it is issued layer by layer
+through the mover's direct path, which can be much slower than a whole-slot
+copy (on the H200, a 30k-token hit took 186 ms layerwise against
 144 ms async). Both CPU bandwidths start from the workers' start-up probe
 (:mod:`miniflex.connector.probe`) and then follow real loads (a layerwise one
 timed from issue to done, so a lower bound where the prefill was the longer
 part). Uncalibrated (no prefill fit yet), a hit held wholly in CPU goes
-layerwise. Example::
+layerwise when no other request runs. Example::
 
     model = CostModel(chunk_bytes=9 << 20, chunk_tokens=64)
     model.choose([Tier.CPU, Tier.SSD, Tier.SSD], prompt_tokens=8192, gpu_hit=0)
@@ -169,17 +181,24 @@ class CostModel:
         return load + prefill + step
 
     def choose(
-        self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int, overlap: bool = False
+        self,
+        tiers: Sequence[Tier],
+        prompt_tokens: int,
+        gpu_hit: int,
+        overlap: bool = False,
+        others: int = 0,
     ) -> Decision:
         """How many of the resident chunks ``tiers`` (in prefix order) to load, and how.
 
         ``overlap``: a load of the leading CPU chunks may be layerwise (see the
         module docstring); otherwise every load is predicted load-then-compute.
+        ``others``: requests running beside this one, which a layerwise load would hold up.
         """
         n = len(tiers)
         fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
         if self.prefill is None:
-            return Decision(n, n, 0.0, 0.0, 0.0, False, layerwise=overlap and n > 0 and fast == n)
+            lw = overlap and n > 0 and fast == n and others == 0
+            return Decision(n, n, 0.0, 0.0, 0.0, False, layerwise=lw)
         ct = self.chunk_tokens
         load = self.load_seconds(tiers[:fast])
         times: dict[int, float] = {}
@@ -197,8 +216,9 @@ class CostModel:
         done = gpu_hit + fast * ct
         layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
         layer_load = fast * self.chunk_bytes / layer_bw
-        lw = self.layerwise_seconds(layer_load, self.prefill.seconds(prompt_tokens - done, done))
-        if lw <= async_s:
+        rest = self.prefill.seconds(prompt_tokens - done, done)
+        lw = self.layerwise_seconds(layer_load, rest)
+        if lw + others * (lw - rest) <= async_s:
             return Decision(fast, n, lw, times[n], recompute, True, True, async_s)
         return Decision(best, n, async_s, times[n], recompute, True, False, async_s)
 

@@ -11,7 +11,9 @@ configuration keeps and how fast it serves it under load.
 
 Reported per configuration and round: makespan, output tokens/s, TTFT p50 and
 p99 (from the arrival), prompt tokens served from cache (vLLM's own hit plus
-a connector's, as vLLM reports them), and MiniFlex's hits per tier. The
+a connector's, as vLLM reports them), MiniFlex's hits per tier, and the time
+MiniFlex took: wall time in its hooks on vLLM's threads and CPU time of its
+own threads (``hooks_ms``, ``threads_ms``). The
 summary compares the last round with the native connector's (targets:
 throughput at least 1.15x, cached tokens at least as many) and MiniFlex
 CPU+SSD with its CPU tier alone (at least 0.98x).
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from miniflex.bench.base import Log, Workload
-from miniflex.bench.driver import Arrival, Driver
+from miniflex.bench.driver import Arrival, Driver, taken_ms
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, percentile
 
@@ -80,8 +82,12 @@ class BurstWorkload(Workload):
         driver.reset()
         rows, samples = [], []
         for r in range(self.rounds):
+            before = driver.time_taken()
             ss, makespan = driver.open_loop(self.arrivals(r))
             row = _round_row(driver.name, r, ss, makespan)
+            taken = taken_ms(before, driver.time_taken())
+            row["hooks_ms"] = round(taken[0], 1) if taken else None
+            row["threads_ms"] = round(taken[1], 1) if taken else None
             rows.append(row)
             samples += [dict(s.as_dict(), round=r) for s in ss]
             log(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from miniflex.bench.samples import Sample
 
-__all__ = ["Arrival", "Driver"]
+__all__ = ["Arrival", "Driver", "taken_ms"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,17 @@ class Driver(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the engine (shut it down, when this driver started it)."""
+
+
+def taken_ms(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> tuple[float, float] | None:
+    """(hook wall ms, thread CPU ms) between two readings of ``Driver.time_taken``; None where
+    the driver does not know them (not MiniFlex, or a server without its metrics)."""
+    if before is None or after is None:
+        return None
+
+    def delta(where: str) -> float:
+        return 1e3 * (after.get(where, 0.0) - before.get(where, 0.0))
+
+    return delta("scheduler_hooks") + delta("worker_hooks"), delta("threads")

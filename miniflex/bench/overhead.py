@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from miniflex.bench.base import Log, Workload
-from miniflex.bench.driver import Arrival, Driver
+from miniflex.bench.driver import Arrival, Driver, taken_ms
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import mean, percentile
 
@@ -73,7 +73,7 @@ class OverheadWorkload(Workload):
             before = driver.time_taken()
             ss, makespan = driver.open_loop(batch)
             tok_s = sum(s.prompt_tokens + s.output_tokens for s in ss) / makespan
-            taken = _taken(before, driver.time_taken())
+            taken = taken_ms(before, driver.time_taken())
             log(
                 f"{driver.name}: batch round {r + 1}: {tok_s:,.0f} tok/s over {makespan:.2f} s"
                 + (
@@ -150,16 +150,3 @@ class OverheadWorkload(Workload):
         for ax in (ax1, ax2):
             ax.tick_params(axis="x", rotation=20)
         fig.suptitle(self.title, fontsize=10)
-
-
-def _taken(
-    before: dict[str, float] | None, after: dict[str, float] | None
-) -> tuple[float, float] | None:
-    """(hook wall ms, thread CPU ms) between two readings of ``Driver.time_taken``."""
-    if before is None or after is None:
-        return None
-
-    def delta(where: str) -> float:
-        return 1e3 * (after.get(where, 0.0) - before.get(where, 0.0))
-
-    return delta("scheduler_hooks") + delta("worker_hooks"), delta("threads")

@@ -50,6 +50,8 @@ class HitAdvisor:
         self._tokens, self._pairs = 0, 0.0  # of the step being planned
         self._step_work: dict[int, tuple[int, float]] = {}  # step -> (tokens, query-key pairs)
         self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
+        self._planning: list[ReqState] = []  # requests of the step being planned
+        self._last_step: list[ReqState] = []  # those of the last planned step
 
     # ---- decisions ----
     def decide(
@@ -59,15 +61,17 @@ class HitAdvisor:
         (``st.timing``, by ``load_mode``). ``ssd``: the engine has an SSD or remote tier."""
         mode = self.config.load_mode
         layerwise = False
+        others = self.running_besides(st)
         if self.config.hit_policy == "cost" and (ssd or mode == "auto"):
-            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto")
+            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto", others)
             n, layerwise = st.decision.load_chunks, st.decision.layerwise
         else:
             n = len(tiers)
             if self.config.hit_policy == "cpu":
                 n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
             if mode == "auto":
-                layerwise = self.cost.choose(tiers[:n], num_tokens, num_computed, True).layerwise
+                decision = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others)
+                layerwise = decision.layerwise
         if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
             st.timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
         elif mode == "auto":
@@ -75,6 +79,11 @@ class HitAdvisor:
         else:
             st.timing = LoadTiming(mode)
         return n
+
+    def running_besides(self, st: ReqState) -> int:
+        """Requests of the last planned step that are not finished, ``st`` aside: those an
+        in-step load for ``st`` would hold up."""
+        return sum(1 for r in self._last_step if r is not st and not r.finished)
 
     def record(self, st: ReqState, stats: TransferStats) -> None:
         """Count the cost model's decision for this request once, and start timing its TTFT."""
@@ -109,6 +118,7 @@ class HitAdvisor:
         """``st`` computes ``num_tokens`` after ``ctx`` in ``step`` (one call per request)."""
         self._tokens += num_tokens
         self._pairs += num_tokens * (ctx + num_tokens / 2)
+        self._planning.append(st)
         if st.ttft_start is not None and ctx + num_tokens >= st.num_prompt_tokens:
             self._ttft_pending.setdefault(step, []).append(st.req_id)
             _trim(self._ttft_pending)
@@ -120,6 +130,7 @@ class HitAdvisor:
             self._step_work[step] = (self._tokens, self._pairs)
             _trim(self._step_work)
         self._tokens, self._pairs = 0, 0.0
+        self._last_step, self._planning = self._planning, []
 
     # ---- measurements ----
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:

@@ -1,10 +1,20 @@
 """The worker half of the connector: executes plans, reports what finished.
 
 It runs in each vLLM worker process and owns the bytes: the CPU pool, a
-mover bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD store.
-GPU jobs run on one transfer thread in plan order. Writes to SSD (demotions,
-clearing the store) run on a second thread, in plan order too, and a load's
-promotions (SSD reads) on a third, so a slow disk never holds up GPU copies:
+pair of movers bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD
+store. Four threads, each running its jobs in plan order:
+
+* loads run on the load thread with one mover (its own CUDA stream and
+  staging buffers), stores on the store thread with the other, so a load is
+  never queued behind a store waiting for the forward that computes its
+  blocks, and the two directions of the PCIe link are used at once. They
+  never touch the same bytes: a load reads committed chunks into blocks that
+  no forward has computed yet (a preempted request's stores are waited for
+  before its blocks can be handed out again, see below), and a store writes
+  a free slot that no load reads;
+* writes to SSD (demotions, clearing the store) run on a third thread, and a
+  load's promotions (SSD reads) on a fourth, so a slow disk never holds up
+  GPU copies:
 
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
   queued, before the jobs of the same plan; a store or promotion into that
@@ -83,8 +93,10 @@ class MiniFlexHandler:
         self._remote = remote
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
-        self._mover: KVMover | None = None
-        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies
+        self._mover: KVMover | None = None  # loads (the load thread and in-step loads)
+        self._store_mover: KVMover | None = None  # stores (the store thread)
+        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies into vLLM's cache
+        self._store_queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies out of it
         self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes
         self._read_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD reads (promotions)
         self._threads: list[threading.Thread] = []
@@ -130,6 +142,7 @@ class MiniFlexHandler:
         fetcher = self._remote.bind(self._pool) if self._remote is not None else None
         self._promoter = Promoter(self._ssd, shared, setup.writes, fetcher)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
+        self._store_mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
@@ -140,7 +153,8 @@ class MiniFlexHandler:
         if self._probe is not None and self._remote is not None:
             self._probe = replace(self._probe, remote_read_bps=self._remote.probe())
         for name, q in (
-            ("miniflex-transfer", self._queue),
+            ("miniflex-load", self._queue),
+            ("miniflex-store", self._store_queue),
             ("miniflex-ssd", self._ssd_queue),
             ("miniflex-ssd-read", self._read_queue),
         ):
@@ -222,8 +236,8 @@ class MiniFlexHandler:
     def _queue_after_writes(self, item: _Item, slots: set[SlotId]) -> None:
         """Queue a job that overwrites CPU ``slots`` (a store, or a load's promotions) once
         they are written to SSD (at once if none is being written): promotions for the read
-        thread, stores for the transfer thread."""
-        target = self._read_queue if item[0].reads else self._queue
+        thread, stores for the store thread."""
+        target = self._read_queue if item[0].reads else self._store_queue
         with self._lock:
             waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
         if not waits:
@@ -298,9 +312,10 @@ class MiniFlexHandler:
             if job.reads and promoted is None:
                 self._promote(item)  # on the read thread
             else:
-                assert self._mover is not None
+                mover = self._store_mover if job.kind is JobKind.STORE else self._mover
+                assert mover is not None
                 ssd = self._ssd if self._writes else None
-                res = execute(job, fence, promoted, self._mover, ssd, self._writes)
+                res = execute(job, fence, promoted, mover, ssd, self._writes)
                 if job.kind is JobKind.STORE and self._remote is not None and self._writes:
                     self._remote.stored(job, res)  # write-through: before the slot is reused
                 fut.set_result(res)
@@ -366,6 +381,7 @@ class MiniFlexHandler:
         if self._threads:
             self.drain()
             self._queue.put(None)
+            self._store_queue.put(None)
             self._ssd_queue.put(None)
             self._read_queue.put(None)
             for thread in self._threads:

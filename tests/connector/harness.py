@@ -369,7 +369,7 @@ def make_rank(vc: Any, kcc: Any, rank: int, num_blocks: int, mla: bool = False) 
         }
         worker.register_kv_caches(kv)
     handler = worker.handler
-    mover = GatedMover(handler._mover, kv)  # the real mover, made pausable
-    handler._mover = mover
+    mover = GatedMover(handler._mover, kv, handler._store_mover)  # the real movers, pausable
+    handler._mover = handler._store_mover = mover
     handler._bind_step_loads(kv)
     return Rank(rank, worker, kv, mover)

@@ -39,19 +39,24 @@ class DeferredLoad(LayerwiseLoad):
 
 
 class GatedMover(KVMover):
-    """Wraps the real mover; clearing ``gate`` makes transfers wait so tests act mid-flight.
+    """Wraps the worker's two real movers (``inner`` loads, ``store_inner`` stores);
+    clearing ``gate`` makes transfers wait so tests act mid-flight, ``store_gate`` only stores.
 
     Its ``load_layerwise`` defers each layer's bytes until the layer is waited for
     (``DeferredLoad``); ``fail_layerwise`` makes the next one raise at issue, and
     ``fail_loads`` / ``fail_stores`` the next that many whole-job loads or stores.
     """
 
-    def __init__(self, inner: KVMover, kv: dict[str, torch.Tensor]) -> None:
+    def __init__(self, inner: KVMover, kv: dict[str, torch.Tensor], store_inner: KVMover) -> None:
         self.inner = inner
+        self.store_inner = store_inner
         self.kv = list(kv.values())
         self.gate = threading.Event()
         self.gate.set()
-        self.lock = threading.Lock()  # the torch mover's staging buffer is not shared-safe
+        self.store_gate = threading.Event()
+        self.store_gate.set()
+        self.lock = threading.Lock()  # a torch mover's staging buffer is not shared-safe
+        self.store_lock = threading.Lock()
         self.fail_layerwise = False
         self.fail_loads = 0
         self.fail_stores = 0
@@ -60,12 +65,13 @@ class GatedMover(KVMover):
 
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()
+        self.store_gate.wait()
         if self.fail_stores > 0:
             self.fail_stores -= 1
             raise TransferError("injected store failure")
         self.calls["store"] += 1
-        with self.lock:
-            return self.inner.store(chunks, after)
+        with self.store_lock:
+            return self.store_inner.store(chunks, after)
 
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         self.gate.wait()

@@ -16,7 +16,9 @@ import pytest
 from vllm.v1.request import Request, RequestStatus
 
 from miniflex.connector import MiniFlexConnector
+from miniflex.connector.requests import ReqState
 from miniflex.plan import JobKind, LoadTiming
+from miniflex.types import ReqId
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
@@ -40,10 +42,14 @@ def start_decoding(h: Harness, n: int = 2) -> None:
     assert h.modes[-1] == "FULL"  # decoding alone replays full graphs
 
 
-def hit_among_decodes(tmp_path: Path, mode: str, prompt: list[int]) -> tuple[Harness, Request]:
+def hit_among_decodes(
+    tmp_path: Path, mode: str, prompt: list[int], extra: dict | None = None
+) -> tuple[Harness, Request]:
     """``prompt`` cached in MiniFlex only, then sent again beside two decoding requests,
     under vLLM's default CUDA graphs; returns the harness and that request."""
-    h = make_harness(tmp_path / "model", load_mode=mode, cudagraphs="FULL_AND_PIECEWISE")
+    h = make_harness(
+        tmp_path / "model", load_mode=mode, cudagraphs="FULL_AND_PIECEWISE", extra=extra
+    )
     h.cached_in_miniflex_only("warm", prompt)
     start_decoding(h)
     return h, h.add("c", prompt, max_tokens=3)
@@ -90,8 +96,10 @@ def test_an_in_step_load_in_a_full_graph_step_is_waited_for_before_the_forward(
 
 def test_auto_still_loads_layer_by_layer_in_a_prefill_step(tmp_path: Path) -> None:
     """A hit followed by real prefill makes a mixed batch (piecewise graphs, hooks run):
-    ``auto`` keeps overlapping the load with that computation."""
-    h, c = hit_among_decodes(tmp_path, "auto", tokens(3, 5 * CHUNK + 10))
+    ``auto`` keeps overlapping the load with that computation where the computation hides
+    it (a prefill of 100 tokens/s: the decodes beside it lose nothing to the load)."""
+    slow = {"prefill_tokens_per_s": 100}
+    h, c = hit_among_decodes(tmp_path, "auto", tokens(3, 5 * CHUNK + 10), slow)
     so = h.step()
     assert [j.timing for j in load_jobs(h, so)] == [LoadTiming.LAYERWISE]
     assert h.modes[-1] == "PIECEWISE"
@@ -140,3 +148,24 @@ def test_every_forward_reads_exact_bytes_under_full_graphs(
     assert h.load_errors == 0  # no load was given up on (and so recomputed)
     # auto never puts an in-step load into a full graph; forced modes meet the case
     assert full_with_loads == 0 if mode == "auto" else in_step > 0 and full_with_loads > 0
+
+
+def test_an_in_step_load_is_weighed_against_the_requests_it_would_hold_up(
+    tmp_path: Path,
+) -> None:
+    """The advisor counts the requests running beside a new one (the last step's, not yet
+    finished): an in-step load would make each of them wait for its copies."""
+    h, c = hit_among_decodes(tmp_path, "auto", tokens(4, 5 * CHUNK + 10))
+    advisor = h.manager_side.manager.advisor
+    st = ReqState(ReqId("c"))
+    assert advisor.running_besides(st) == 2  # d0 and d1 decode
+    h.sched.finish_requests("d0", RequestStatus.FINISHED_ABORTED)
+    assert advisor.running_besides(st) == 1
+    # uncalibrated (no prefill fit yet), the hit does not go into the decodes' step
+    so = h.step()
+    assert [j.timing for j in load_jobs(h, so)] == [LoadTiming.ASYNC]
+    for _ in range(4):
+        h.step()
+        if c.num_computed_tokens > 5 * CHUNK:
+            break
+    assert h.read_matches(c, 5 * CHUNK // BLOCK)

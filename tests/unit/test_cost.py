@@ -169,6 +169,27 @@ def test_a_slow_layerwise_path_sends_a_whole_hit_async_but_keeps_a_partial_one()
     assert part.layerwise and part.predicted_s < part.async_s
 
 
+def test_a_layerwise_load_that_would_stall_running_requests_goes_async() -> None:
+    # 40 chunks at 50 GB/s: 54 ms of copies under 64 new tokens (6.4 ms of prefill); 10 ms steps
+    m = layered(cpu_gbps=50, per_token=1e-4)
+    m.observe_step(10, 0.0, 0.01)
+    prompt = 40 * CHUNK_TOKENS + 64
+    alone = m.choose([CPU] * 40, prompt_tokens=prompt, gpu_hit=0, overlap=True)
+    assert alone.layerwise  # 56 ms in the step beats 54 + 6 + 10 ms async
+    busy = m.choose([CPU] * 40, prompt_tokens=prompt, gpu_hit=0, overlap=True, others=2)
+    assert not busy.layerwise and busy.load_chunks == 40  # two requests would wait ~50 ms each
+    # a prefill long enough to hide the copy stalls nobody: still layerwise
+    long = m.choose([CPU] * 4, prompt_tokens=4 * CHUNK_TOKENS + 2000, gpu_hit=0, overlap=True)
+    assert long.layerwise
+    assert m.choose(
+        [CPU] * 4, prompt_tokens=4 * CHUNK_TOKENS + 2000, gpu_hit=0, overlap=True, others=8
+    ).layerwise
+    # uncalibrated: layerwise only when nothing else runs
+    raw = CostModel(CHUNK_BYTES, CHUNK_TOKENS, num_layers=4)
+    assert raw.choose([CPU, CPU], 1000, 0, overlap=True).layerwise
+    assert not raw.choose([CPU, CPU], 1000, 0, overlap=True, others=1).layerwise
+
+
 def test_only_the_cpu_prefix_may_go_layerwise_and_ssd_chunks_then_recompute() -> None:
     # Reading the SSD chunks costs 67 ms each: the CPU prefix layerwise, the rest recomputed.
     m = layered(cpu_gbps=50, per_token=1e-5)
