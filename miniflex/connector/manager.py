@@ -566,6 +566,8 @@ class MiniFlexManager:
             elif s.remote:
                 self.stats.remote_read_failures += bad
                 self.stats.remote_fetched_chunks += not bad
+                if bad and self.remote is not None:  # ask the store again, not the old answer
+                    self.remote.forget(rec.job.req_id)
         if not rec.ok:
             return {}
         # vLLM recomputes from the first block that failed (or was unavailable) on.
