@@ -215,3 +215,19 @@ def test_the_start_up_probe_sets_both_cpu_bandwidths_unless_fixed() -> None:
     fixed = make_cost_model(MiniFlexConfig(cpu_load_gbps=8.0), CHUNK_BYTES, CHUNK_TOKENS)
     fixed.start_from_probe(50e9, 25e9)
     assert fixed.bandwidth[CPU] == 8e9 and fixed.layerwise_bandwidth is None
+
+
+def test_a_remote_run_is_loaded_only_while_its_fetch_beats_recompute() -> None:
+    remote = Tier.REMOTE
+    m = model(cpu_gbps=50, ssd_gbps=1, per_token=1e-4)  # 6.4 ms to recompute a chunk
+    m.start_remote_from_probe(1e9)  # 67 ms to fetch one: recomputed
+    assert (
+        m.choose([CPU, remote, remote], prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0).load_chunks == 1
+    )
+    m.start_remote_from_probe(100e9)  # 0.7 ms: fetched
+    assert (
+        m.choose([CPU, remote, remote], prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0).load_chunks == 3
+    )
+    # real fetches refine the probe's figure (unless remote_read_gbps fixes it)
+    m.observe_load(remote, CHUNK_BYTES, 1.0)
+    assert m.bandwidth[remote] < 100e9  # a moving average from the probe on
