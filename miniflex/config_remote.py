@@ -39,7 +39,7 @@ REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 """URL schemes of ``remote_url``: Redis or Valkey over TCP, TLS (``rediss``, ``valkeys``), or
 a Unix socket."""
 TLS_SCHEMES = ("rediss", "valkeys")
-REMOTE_WRITES = ("through", "off")
+REMOTE_WRITES = ("through", "back", "off")
 """Values of ``remote_write``."""
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -246,7 +246,9 @@ REMOTE_SPECS: dict[str, Spec] = {
         "How chunks reach the remote store. `through`: every chunk stored in the CPU tier is "
         "also put to the store, asynchronously (a copy queued for a thread of its own), unless "
         "the store holds it already, so the fleet shares a prompt as soon as one replica "
-        "computed it. `off`: this replica only reads.",
+        "computed it. `back`: a chunk is put when the CPU tier evicts it (copied before its "
+        "slot is reused), so the store holds what this replica no longer does and a prompt "
+        "is shared only once evicted. `off`: this replica only reads.",
         "through",
     ),
     "remote_write_backlog": (

@@ -78,6 +78,9 @@ logger = logging.getLogger("miniflex.handler")
 
 _Item = tuple[TransferJob, object, "Future[JobResult]", Promoted | None]
 
+_PUTS = (JobKind.STORE, JobKind.DEMOTE)
+"""Jobs whose ``remote`` copies are puts (write-through, write-back); a LOAD's are fetches."""
+
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
     JobKind.STORE: (JobKind.STORE,),  # queued after it
@@ -224,7 +227,7 @@ class MiniFlexHandler:
             self._pending.setdefault(job.req_id, []).append(fut)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 with self._lock:
-                    self._demoting.update((c.cpu, fut) for c in job.ssd)
+                    self._demoting.update((c.cpu, fut) for c in (*job.ssd, *job.remote))
                 self._ssd_queue.put((job, fence, fut, None))
             elif job.reads:  # promotions, fetches: read into slots once written back, then copy
                 self._queue_after_writes((job, fence, fut, None), {c.cpu for c in job.reads})
@@ -316,8 +319,8 @@ class MiniFlexHandler:
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
                 res = execute(job, fence, promoted, mover, ssd, self._writes)
-                if job.kind is JobKind.STORE and self._remote is not None and self._writes:
-                    self._remote.stored(job, res)  # write-through: before the slot is reused
+                if job.kind in _PUTS and self._remote is not None and self._writes:
+                    self._remote.stored(job, res)  # puts: copied before the slot is reused
                 fut.set_result(res)
             self._cpu.add(time.thread_time() - cpu)
 

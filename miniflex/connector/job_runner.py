@@ -63,7 +63,7 @@ def execute(
             moved = mover.load(chunks, after=fence)
         elif job.kind is JobKind.STORE and writes:
             moved = mover.store(job.chunks, after=fence)
-        elif job.kind is JobKind.DEMOTE and writes:
+        elif job.kind is JobKind.DEMOTE and writes and job.ssd:
             failed_keys = _copier(ssd).demote(job.ssd)
             moved = (len(job.ssd) - len(failed_keys)) * _copier(ssd).store.slot_bytes
         elif job.kind is JobKind.CLEAR and ssd is not None:

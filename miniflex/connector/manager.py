@@ -142,12 +142,14 @@ class MiniFlexManager:
                 self.cost.ssd_chunk_seconds,
                 lambda: self.cost.chunk_recompute_seconds(max_model_len),
             ),
+            on_cpu_evict=self._evicted,
         )
         if ssd_slots > 0 and chunk_bytes > 0:  # until writes are seen: as fast as reads
             self.tiers.write_seconds = chunk_bytes / self.cost.bandwidth[Tier.SSD]
         self.num_workers = num_workers
         self.remote: RemoteLookup | None = None
         """The remote tier's lookup (``remote_url``), set by the connector's start-up."""
+        self._remote_back: list[RemoteCopy] = []  # evicted from CPU, to put (remote_write=back)
         self._reqs: dict[ReqId, ReqState] = {}
         self._jobs: dict[JobId, _Job] = {}
         self._next_job = 0
@@ -374,11 +376,23 @@ class MiniFlexManager:
         copies = self.tiers.take_demotions()
         self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
         self.stats.demotions_declined += self.tiers.take_declined_demotions()
-        return self._system_job(JobKind.DEMOTE, tuple(copies)) if copies else None
+        puts, self._remote_back = tuple(self._remote_back), []
+        self.stats.remote_puts += len(puts)
+        if not (copies or puts):
+            return None
+        return self._system_job(JobKind.DEMOTE, tuple(copies), puts)
 
-    def _system_job(self, kind: JobKind, copies: tuple[SlotCopy, ...]) -> TransferJob:
+    def _evicted(self, key: ChunkKey, slot: SlotId) -> None:
+        """A chunk leaves the CPU tier: with ``remote_write=back``, put it to the store first
+        (the plan's first job; the worker copies the slot before any job overwrites it)."""
+        if self.remote is not None and self.config.remote_write == "back":
+            self._remote_back.append(RemoteCopy(key, slot))
+
+    def _system_job(
+        self, kind: JobKind, copies: tuple[SlotCopy, ...], puts: tuple[RemoteCopy, ...] = ()
+    ) -> TransferJob:
         """A job of no request (DEMOTE, CLEAR), tracked until every worker reports it."""
-        job = TransferJob(JobId(self._next_job), NO_REQUEST, kind, (), ssd=copies)
+        job = TransferJob(JobId(self._next_job), NO_REQUEST, kind, (), ssd=copies, remote=puts)
         self._next_job += 1
         self._jobs[job.job_id] = _Job(job, self.num_workers, copies=list(copies))
         return job
@@ -582,6 +596,8 @@ class MiniFlexManager:
         return served
 
     def _commit_demote(self, rec: _Job) -> None:
+        if not rec.copies:  # remote puts only: nothing to publish
+            return
         failed = rec.failed_keys if rec.ok else {c.key for c in rec.copies}
         self.tiers.complete_demotions(rec.copies, failed)
         self.stats.demoted_chunks += len(rec.copies) - len(failed)
@@ -661,6 +677,7 @@ class MiniFlexManager:
         """Forget every chunk in every tier; the workers clear their SSD stores in plan order."""
         if self.ssd is not None:
             self._clear_ssd = True
+        self._remote_back.clear()  # pre-reset bytes are never put
         return self.tiers.clear()
 
     def has_jobs(self) -> bool:
@@ -670,6 +687,7 @@ class MiniFlexManager:
             or self._release
             or self._clear_ssd
             or self.tiers.has_demotions()
+            or bool(self._remote_back)
         )
 
     def has_pending_frees(self) -> bool:

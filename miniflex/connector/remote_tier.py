@@ -23,7 +23,7 @@ import logging
 
 from miniflex.config import MiniFlexConfig
 from miniflex.keys import Namespace
-from miniflex.plan import JobResult, TransferJob
+from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.pool import HostPool
 from miniflex.ranks import TPPlacement
 from miniflex.remote import RemoteStore, open_remote_store
@@ -112,8 +112,8 @@ class WorkerRemote:
         store = open_checked(config, namespace_digest)
         if store is None:
             return None
-        through = config.remote_write == "through"
-        return cls(store, config.remote_write_backlog if through else None)
+        puts = config.remote_write != "off"
+        return cls(store, config.remote_write_backlog if puts else None)
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
@@ -135,8 +135,9 @@ class WorkerRemote:
         return bps
 
     def stored(self, job: TransferJob, result: JobResult) -> None:
-        """A STORE job finished on the transfer thread: queue its puts (copies of its slots,
-        taken now, before the scheduler can reuse them)."""
+        """A STORE job (write-through) or DEMOTE job (write-back) finished on its thread:
+        queue its puts (copies of its slots, taken now, before any job overwrites them)."""
+        assert job.kind is not JobKind.LOAD, "a load's remote copies are fetches"
         if self.uploader is None or not job.remote or not result.ok or self._pool is None:
             return
         for c in job.remote:

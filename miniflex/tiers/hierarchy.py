@@ -99,12 +99,15 @@ class TierStack:
         wait_budget: Callable[[], float] = lambda: WRITE_WAIT_S,
         recompute_seconds: Callable[[], float | None] = lambda: None,
         admission: SSDAdmission | None = None,
+        on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions;
         ``wait_budget()``: seconds a store may wait for a write-back rather than drop one;
         ``recompute_seconds()``: what recomputing one chunk costs (None: not known yet);
-        ``admission``: whether evicted chunks are worth writing to SSD (None: always)."""
+        ``admission``: whether evicted chunks are worth writing to SSD (None: always);
+        ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU, while its slot
+        still holds it (the remote tier's write-back)."""
         self.cpu = SlotTier(
             Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote, reclaim=self._reclaim
         )
@@ -115,6 +118,7 @@ class TierStack:
         self._wait_budget = wait_budget
         self._recompute_seconds = recompute_seconds
         self.admission = admission
+        self._on_cpu_evict = on_cpu_evict
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
         self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
@@ -355,6 +359,8 @@ class TierStack:
     def _demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
         """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
         True: it is being written (its CPU slot is freed when that is done)."""
+        if self._on_cpu_evict is not None:
+            self._on_cpu_evict(key, cpu_slot)
         if self.ssd is None or self.write_through:
             return False
         if key in self.ssd or self.ssd.is_storing(key):
