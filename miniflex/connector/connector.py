@@ -28,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
 from miniflex.connector.handler import MiniFlexHandler
-from miniflex.connector.hook_clock import timed_hook
+from miniflex.connector.hook_clock import HOOKS, timed_hook
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
@@ -219,6 +219,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.handler.drain()
 
     def shutdown(self) -> None:
+        summary = HOOKS.summary()
+        if summary:
+            logger.info("MiniFlex hooks (calls/total/longest): %s", summary)
         if self._handler is not None:
             self._handler.shutdown()
         if self._manager is not None:

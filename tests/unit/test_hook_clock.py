@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miniflex.connector.hook_clock import ThreadClock, timed_hook
+from miniflex.connector.hook_clock import HOOKS, HookTally, ThreadClock, timed_hook
 from miniflex.stats import TransferStats
 
 
@@ -34,6 +34,18 @@ def test_a_hook_counts_its_wall_time_even_when_it_raises() -> None:
     with pytest.raises(ValueError, match="boom"):
         side.fails()
     assert side.hook_seconds - before >= 0.02
+
+
+def test_the_tally_names_each_hook_with_its_calls_total_and_longest_call() -> None:
+    tally = HookTally()
+    for seconds in (0.001, 0.004, 0.002):
+        tally.add("wait_for_save", seconds)
+    tally.add("get_finished", 0.010)
+    tally.add("bind", 0.0001)
+    assert tally.summary(top=2) == "get_finished 1/10 ms/10.0 ms, wait_for_save 3/7 ms/4.0 ms"
+    assert HookTally().summary() == ""
+    Side().slow(0.01)  # timed hooks feed the process-wide tally under their own name
+    assert "slow " in HOOKS.summary(top=100)
 
 
 def test_thread_clock_sums_every_thread_and_takes_each_second_once() -> None:
