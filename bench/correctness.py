@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector import offline
+from miniflex.connector import offline_llm
 from miniflex.tinymodel import TinyModelSpec, write_tiny_model
 from miniflex.tinymodel_mla import write_tiny_mla_model
 
@@ -75,7 +75,7 @@ def measure(model: Path, kind: str, tp: int, args: argparse.Namespace) -> dict[s
     prompts = [
         [rng.randrange(3, 2000) for _ in range(args.prompt_len)] for _ in range(args.prompts)
     ]
-    llm = offline.make_llm(
+    llm = offline_llm.make_llm(
         model,
         {"cpu_bytes": args.cpu_bytes, "blocks_per_chunk": 1},
         tensor_parallel_size=tp,
@@ -90,13 +90,13 @@ def measure(model: Path, kind: str, tp: int, args: argparse.Namespace) -> dict[s
                 time.sleep(0.05)
             cold, _ = generate(llm, p, args.tokens)
             apc, row["vllm_hit_tokens"] = generate(llm, p, args.tokens)
-            offline.evict_gpu_prefix_cache(llm)
+            offline_llm.evict_gpu_prefix_cache(llm)
             mf, row["miniflex_hit_tokens"] = generate(llm, p, args.tokens)
             pairs["vllm_hit_vs_cold"].append(compare(apc, cold))
             pairs["miniflex_hit_vs_cold"].append(compare(mf, cold))
             pairs["miniflex_vs_vllm_hit"].append(compare(mf, apc))
     finally:
-        offline.shutdown_llm(llm)
+        offline_llm.shutdown_llm(llm)
     for name, results in pairs.items():
         row[f"{name}_mismatches"] = sum(m for m, _ in results)
         row[f"{name}_max_dlogprob"] = max(d for _, d in results)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(" | ".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
     if args.json:
-        from miniflex.bench.offline import on_cuda
+        from miniflex.bench.offline_driver import on_cuda
         from miniflex.bench.provenance import provenance
 
         record = {"provenance": provenance(on_cuda()), "command": sys.argv, "rows": rows}

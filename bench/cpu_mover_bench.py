@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.report import emit
+from miniflex.bench.report import emit
 from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove

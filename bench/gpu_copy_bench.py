@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from bench.report import emit, format_table
+from miniflex.bench.report import emit, format_table
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.kernel_mover import DEFAULT_CTAS

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.report import emit
+from miniflex.bench.report import emit
 from miniflex.index import HashIndex, keys_to_array
 from miniflex.types import SlotId, Tier
 
@@ -81,19 +81,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    rng = random.Random(args.seed)
-    n = args.resident
+Case = tuple[str, int, Callable[[], object], Callable[[], object]]
+"""(operation, keys per call, the HashIndex run, the DictIndex run)."""
 
-    progress(f"generating {n} random 128-bit keys")
+
+def random_keys(rng: random.Random, n: int) -> tuple[list[int], int]:
+    """``n`` distinct random 128-bit keys, and one key that is not among them."""
     resident = list({rng.getrandbits(128) for _ in range(n + 16)})[:n]
     resident_set = set(resident)
     absent = rng.getrandbits(128)
     while absent in resident_set:
         absent = rng.getrandbits(128)
+    return resident, absent
 
-    progress("warming up (JIT compile or load the numba cache)")
+
+def warm_up(resident: list[int]) -> None:
+    """JIT-compile (or load from numba's cache) every kernel the timings use."""
     warm = HashIndex(max_entries=64)
     for k in resident[:64]:
         warm.insert(k, Tier.SSD, SlotId(0))
@@ -102,18 +105,42 @@ def main(argv: list[str] | None = None) -> None:
     warm.lookup(resident[40])
     _ = resident[40] in warm
 
-    progress("building HashIndex and DictIndex")
-    mini = HashIndex(max_entries=n)
+
+def build(resident: list[int]) -> tuple[HashIndex, DictIndex, dict]:
+    """Both indexes holding ``resident``, and the row timing their builds."""
+    mini = HashIndex(max_entries=len(resident))
     ref = DictIndex()
     t0 = time.perf_counter_ns()
     for i, k in enumerate(resident):
         mini.insert(k, Tier.CPU, SlotId(i))
-    build_mini_us = (time.perf_counter_ns() - t0) / 1000
+    mini_us = (time.perf_counter_ns() - t0) / 1000
     t0 = time.perf_counter_ns()
     for i, k in enumerate(resident):
         ref.insert(k, Tier.CPU, i)
-    build_dict_us = (time.perf_counter_ns() - t0) / 1000
+    dict_us = (time.perf_counter_ns() - t0) / 1000
+    n = len(resident)
+    return mini, ref, row(f"build: insert {n} keys (Python loop)", n, mini_us, dict_us)
 
+
+def row(op: str, keys: int, mini_us: float, dict_us: float) -> dict:
+    return {
+        "op": op,
+        "keys": keys,
+        "miniflex_us": round(mini_us, 2),
+        "dict_us": round(dict_us, 2),
+        "speedup": round(dict_us / mini_us, 2),
+    }
+
+
+def make_cases(
+    args: argparse.Namespace,
+    rng: random.Random,
+    mini: HashIndex,
+    ref: DictIndex,
+    resident: list[int],
+    absent: int,
+) -> list[Case]:
+    """The timed operations, checked first to give the same answers on both indexes."""
     full = rng.sample(resident, args.prefix)
     half = [*full[: args.prefix // 2], absent, *full[args.prefix // 2 + 1 :]]
     full_arr = keys_to_array(full)
@@ -132,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
 
         return run
 
-    cases: list[tuple[str, int, Callable[[], object], Callable[[], object]]] = [
+    return [
         ("lookup, one key per call", args.lookups, lookup_loop(mini), lookup_loop(ref)),
         (
             "prefix_match, all resident",
@@ -160,30 +187,28 @@ def main(argv: list[str] | None = None) -> None:
         ),
     ]
 
-    rows: list[dict] = [
-        {
-            "op": f"build: insert {n} keys (Python loop)",
-            "keys": n,
-            "miniflex_us": round(build_mini_us, 2),
-            "dict_us": round(build_dict_us, 2),
-            "speedup": round(build_dict_us / build_mini_us, 2),
-        }
-    ]
-    for name, nkeys, run_mini, run_dict in cases:
-        repeat = max(1, args.repeat // 4) if nkeys >= 10_000 else args.repeat
-        progress(f"timing {name} (best of {repeat})")
-        mini_us = best_us(run_mini, repeat)
-        dict_us = best_us(run_dict, repeat)
-        rows.append(
-            {
-                "op": name,
-                "keys": nkeys,
-                "miniflex_us": round(mini_us, 2),
-                "dict_us": round(dict_us, 2),
-                "speedup": round(dict_us / mini_us, 2),
-            }
-        )
 
+def time_cases(cases: list[Case], repeat: int) -> list[dict]:
+    rows = []
+    for name, nkeys, run_mini, run_dict in cases:
+        n = max(1, repeat // 4) if nkeys >= 10_000 else repeat
+        progress(f"timing {name} (best of {n})")
+        rows.append(row(name, nkeys, best_us(run_mini, n), best_us(run_dict, n)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
+    n = args.resident
+    progress(f"generating {n} random 128-bit keys")
+    resident, absent = random_keys(rng, n)
+    progress("warming up (JIT compile or load the numba cache)")
+    warm_up(resident)
+    progress("building HashIndex and DictIndex")
+    mini, ref, build_row = build(resident)
+    cases = make_cases(args, rng, mini, ref, resident, absent)
+    rows = [build_row, *time_cases(cases, args.repeat)]
     emit(
         "HashIndex vs dict index",
         rows,

@@ -39,8 +39,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import redis
 
-from bench.report import emit
-from miniflex.bench.report import Progress
+from miniflex.bench.report import Progress, emit
 from miniflex.remote.local_server import LocalServer
 from miniflex.remote.redis_store import RedisStore
 from miniflex.types import ChunkKey

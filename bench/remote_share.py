@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from miniflex.bench.configs import TierSizes, parse_configs
-from miniflex.bench.offline import EngineSettings, OfflineDriver
+from miniflex.bench.offline_driver import EngineSettings, OfflineDriver
 from miniflex.config import parse_size
 
 STEPS = ("recompute", "remote", "cpu")

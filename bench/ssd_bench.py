@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.report import emit
+from miniflex.bench.report import emit
 from miniflex.pool import HostPool
 from miniflex.ssd import IOOp, make_backend, open_direct
 

@@ -58,7 +58,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from miniflex.inspect import inspect_status
+    from miniflex.inspect_status import inspect_status
 
     print(inspect_status(args.status_file))
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from miniflex.config_parse import parse_size
 from miniflex.errors import ConfigError
 
 __all__ = [
@@ -137,8 +138,6 @@ def _parse_write(key: str, value: object) -> str:
 
 
 def _parse_backlog(key: str, value: object) -> int:
-    from miniflex.config import parse_size  # config imports this module first
-
     n = parse_size(key, value)
     if n <= 0:
         raise ConfigError(key, value, "expected a positive size such as '1GiB'")

@@ -11,7 +11,7 @@ the rank::
 
     ns = Namespace(model="m", dtype="bfloat16", layout="LBNHC", num_layers=36,
                    num_kv_heads=8, head_size=128, block_size=16, blocks_per_chunk=4)
-    keys = chunk_keys_from_block_hashes(ns, request.block_hashes)  # one per full chunk
+    key = chunk_key(ns, request.block_hashes[3])  # the first chunk: blocks 0-3
 
 :func:`chunk_keys_from_tokens` is a plain chained hash over token ids with the
 same properties, so MiniFlex can be used and tested without vLLM.
@@ -35,7 +35,6 @@ __all__ = [
     "Namespace",
     "namespace_for",
     "chunk_key",
-    "chunk_keys_from_block_hashes",
     "chunk_keys_from_tokens",
 ]
 
@@ -119,12 +118,6 @@ def chunk_key(ns: Namespace, block_hash: bytes) -> ChunkKey:
     """The key of the chunk whose last block has vLLM chained hash ``block_hash``."""
     h = hashlib.blake2b(block_hash, digest_size=_KEY_BYTES, key=ns.key_digest)
     return ChunkKey(int.from_bytes(h.digest(), "little"))
-
-
-def chunk_keys_from_block_hashes(ns: Namespace, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
-    """One key per *full* chunk covered by ``block_hashes`` (a trailing partial chunk has none)."""
-    step = ns.blocks_per_chunk
-    return [chunk_key(ns, block_hashes[i]) for i in range(step - 1, len(block_hashes), step)]
 
 
 def chunk_keys_from_tokens(ns: Namespace, token_ids: Sequence[int]) -> list[ChunkKey]:

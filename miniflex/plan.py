@@ -19,7 +19,6 @@ from typing import NewType
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 
 __all__ = [
-    "NO_REQUEST",
     "ChunkMove",
     "JobId",
     "JobKind",
@@ -33,9 +32,6 @@ __all__ = [
 ]
 
 JobId = NewType("JobId", int)
-
-NO_REQUEST = ReqId("")
-"""The ``req_id`` of jobs that belong to no request (demotions, clearing the SSD store)."""
 
 
 class JobKind(enum.Enum):
@@ -113,7 +109,8 @@ class TransferJob:
     """All chunks of one request moved in one direction in one engine step."""
 
     job_id: JobId
-    req_id: ReqId
+    req_id: ReqId | None
+    """None: a job of no request (DEMOTE, CLEAR)."""
     kind: JobKind
     chunks: tuple[ChunkMove, ...]
     unavailable: tuple[BlockId, ...] = ()
@@ -162,16 +159,13 @@ class TransferPlan:
     orders the forward after the step's in-step loads before it starts
     (:mod:`miniflex.connector.cuda_graphs`)."""
 
-    def jobs_of(self, kind: JobKind) -> tuple[TransferJob, ...]:
-        return tuple(j for j in self.jobs if j.kind is kind)
-
 
 @dataclass(frozen=True)
 class JobResult:
     """A worker's report of one finished job (``ok=False`` means nothing usable was moved)."""
 
     job_id: JobId
-    req_id: ReqId
+    req_id: ReqId | None  # the job's
     kind: JobKind
     ok: bool
     num_bytes: int = 0

@@ -35,7 +35,7 @@ from miniflex.config import MiniFlexConfig, parse_size
 from miniflex.errors import ConfigError
 
 if TYPE_CHECKING:
-    from miniflex.bench.offline import EngineSettings
+    from miniflex.bench.offline_driver import EngineSettings
 
 __all__ = ["run"]
 
@@ -55,7 +55,18 @@ def _workloads(
         from miniflex.bench.bandwidth import measure_in_child
 
         bandwidth = measure_in_child()
-    made: dict[str, Workload] = {
+    made = {**_prefix_workloads(args, prompts, shape, bandwidth), **_load_workloads(args, prompts)}
+    return [made[n] for n in names], bandwidth
+
+
+def _prefix_workloads(
+    args: argparse.Namespace,
+    prompts: PromptMaker,
+    shape: ModelShape,
+    bandwidth: dict[str, Any] | None,
+) -> dict[str, Workload]:
+    """The workloads that time one prompt or conversation at a time."""
+    return {
         "ttft": TTFTWorkload(
             prompts,
             prompt_tokens=args.ttft_prompts,
@@ -70,6 +81,19 @@ def _workloads(
             ratios=args.overflow_ratios,
             passes=args.overflow_passes,
         ),
+        "multiturn": MultiturnWorkload(
+            prompts,
+            prefix_tokens=args.multiturn_prefix_tokens,
+            new_tokens=args.multiturn_new_tokens,
+            repeat=args.multiturn_repeat,
+        ),
+        "decode": DecodeWorkload(prompts, cases=args.decode_cases, rounds=args.decode_rounds),
+    }
+
+
+def _load_workloads(args: argparse.Namespace, prompts: PromptMaker) -> dict[str, Workload]:
+    """The workloads that send many requests at once."""
+    return {
         "mixed": MixedWorkload(
             prompts,
             prefixes=args.mixed_prefixes,
@@ -90,13 +114,6 @@ def _workloads(
             serial_prompts=args.overhead_serial,
             rounds=args.overhead_rounds,
         ),
-        "multiturn": MultiturnWorkload(
-            prompts,
-            prefix_tokens=args.multiturn_prefix_tokens,
-            new_tokens=args.multiturn_new_tokens,
-            repeat=args.multiturn_repeat,
-        ),
-        "decode": DecodeWorkload(prompts, cases=args.decode_cases, rounds=args.decode_rounds),
         "burst": BurstWorkload(
             prompts,
             prefixes=args.burst_prefixes,
@@ -109,7 +126,6 @@ def _workloads(
             seed=args.seed,
         ),
     }
-    return [made[n] for n in names], bandwidth
 
 
 def _push_past(
@@ -162,15 +178,52 @@ def run(args: argparse.Namespace) -> int:
 def _run_offline(args: argparse.Namespace, log: Progress) -> int:
     if not args.model or not args.gpu_blocks:
         raise ConfigError("--model/--gpu-blocks", None, "an offline run needs both (or give --url)")
-    from miniflex.bench.offline import EngineSettings, OfflineDriver, on_cuda
-    from miniflex.bench.sizing import auto_tiers, max_model_len
+    from miniflex.bench.offline_driver import OfflineDriver, on_cuda
+    from miniflex.bench.sizing import auto_tiers
 
     shape = ModelShape.from_dir(args.model)
     assert shape.kv_bytes_per_token is not None
     configs = parse_configs(args.configs)
     workloads, bandwidth = _workloads(args, PromptMaker(shape.vocab_size, args.seed), shape)
     cuda = on_cuda()
-    settings = EngineSettings(
+    settings = _engine_settings(args, shape, workloads)
+    ssd_dir = _fresh_ssd_dir(args, configs)
+    tiers = auto_tiers(
+        workloads,
+        settings.capacity_tokens,
+        shape.kv_bytes_per_token,
+        args.block_size,
+        _size("--cpu-bytes", args.cpu_bytes),
+        _size("--ssd-cpu-bytes", args.ssd_cpu_bytes),
+        _size("--ssd-bytes", args.ssd_bytes),
+        ssd_dir,
+        args.blocks_per_chunk,
+    )
+    workloads = _push_past(workloads, args, tiers.ssd_cpu_bytes, shape.kv_bytes_per_token)
+    context = _context(args, settings, tiers, shape, cuda, bandwidth)
+    log(_sizes_line(settings, tiers, ssd_dir, context["bandwidth"]))
+    candidates = [_candidate(c, settings, tiers, cuda, OfflineDriver) for c in configs]
+    try:
+        if args.dry_run:
+            plan = {c.name: c.unavailable(cuda) or c.kv_transfer(tiers) for c in configs}
+            print(json.dumps({"llm_args": settings.llm_args(cuda), "kv_transfer": plan}, indent=1))
+            return 0
+        ok = run_side_by_side(workloads, candidates, _outputs(args), context, log)
+    finally:
+        if ssd_dir:
+            shutil.rmtree(ssd_dir, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def _engine_settings(
+    args: argparse.Namespace, shape: ModelShape, workloads: list[Workload]
+) -> EngineSettings:
+    """The vLLM settings every configuration of an offline run shares."""
+    from miniflex.bench.offline_driver import EngineSettings
+    from miniflex.bench.sizing import max_model_len
+
+    assert shape.kv_bytes_per_token is not None
+    return EngineSettings(
         model=args.model,
         block_size=args.block_size,
         gpu_blocks=args.gpu_blocks,
@@ -185,24 +238,20 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         eager=args.eager,
         tensor_parallel_size=args.tensor_parallel_size,
     )
-    ssd_dir = None
-    if any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):
-        # A fresh directory each run: MiniFlex serves chunks it finds on SSD after a restart.
-        base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
-        ssd_dir = tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)
-    tiers = auto_tiers(
-        workloads,
-        settings.capacity_tokens,
-        shape.kv_bytes_per_token,
-        args.block_size,
-        _size("--cpu-bytes", args.cpu_bytes),
-        _size("--ssd-cpu-bytes", args.ssd_cpu_bytes),
-        _size("--ssd-bytes", args.ssd_bytes),
-        ssd_dir,
-        args.blocks_per_chunk,
-    )
-    workloads = _push_past(workloads, args, tiers.ssd_cpu_bytes, shape.kv_bytes_per_token)
-    context = _context(args, settings, tiers, shape, cuda, bandwidth)
+
+
+def _fresh_ssd_dir(args: argparse.Namespace, configs: list[EngineConfig]) -> str | None:
+    """A fresh directory for the configurations with an SSD tier (None: none has one):
+    MiniFlex serves chunks it finds on SSD after a restart."""
+    if not any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):
+        return None
+    base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
+    return tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)
+
+
+def _sizes_line(
+    settings: EngineSettings, tiers: TierSizes, ssd_dir: str | None, bandwidth: object
+) -> str:
     gib = 2**30
     ssd = (
         f"; miniflex-ssd: CPU {tiers.ssd_cpu_bytes / gib:.2f} GiB + SSD "
@@ -210,21 +259,10 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         if ssd_dir
         else ""
     )
-    log(
+    return (
         f"vLLM KV capacity {settings.capacity_tokens} tokens; CPU tier "
-        f"{tiers.cpu_bytes / gib:.2f} GiB{ssd}; copy bandwidth {context['bandwidth']}"
+        f"{tiers.cpu_bytes / gib:.2f} GiB{ssd}; copy bandwidth {bandwidth}"
     )
-    candidates = [_candidate(c, settings, tiers, cuda, OfflineDriver) for c in configs]
-    try:
-        if args.dry_run:
-            plan = {c.name: c.unavailable(cuda) or c.kv_transfer(tiers) for c in configs}
-            print(json.dumps({"llm_args": settings.llm_args(cuda), "kv_transfer": plan}, indent=1))
-            return 0
-        ok = run_side_by_side(workloads, candidates, _outputs(args), context, log)
-    finally:
-        if ssd_dir:
-            shutil.rmtree(ssd_dir, ignore_errors=True)
-    return 0 if ok else 1
 
 
 def _candidate(

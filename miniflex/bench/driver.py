@@ -1,6 +1,6 @@
 """The interface every workload runs against: one engine configuration, started or remote.
 
-Two implementations: :class:`~miniflex.bench.offline.OfflineDriver` starts
+Two implementations: :class:`~miniflex.bench.offline_driver.OfflineDriver` starts
 vLLM's ``LLM`` in this process (one configuration at a time, shut down before
 the next), :class:`~miniflex.bench.http.HttpDriver` drives an OpenAI-compatible
 server that is already running. Workloads only see this interface, so each

@@ -16,7 +16,7 @@ from typing import Any
 from miniflex.bench.http import parse_metrics
 from miniflex.bench.server import ServerProcess
 from miniflex.errors import ConfigError
-from miniflex.inspect import engine_liveness, load_status
+from miniflex.inspect_status import engine_liveness, load_status
 
 __all__ = ["COUNTERS", "Idle", "counters", "wait_idle"]
 

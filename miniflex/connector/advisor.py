@@ -12,7 +12,7 @@ the prediction and the actual time are added to the stats.
 Example::
 
     advisor = HitAdvisor(config, cost_model)
-    n = advisor.decide(st, [Tier.CPU, Tier.SSD], num_tokens=4096, num_computed=0, ssd=True)
+    n, timing, decision = advisor.decide(st, [Tier.CPU, Tier.SSD], 4096, 0, ssd=True)
     advisor.record(st, stats)                    # at allocation: counted, TTFT timed
     advisor.note_scheduled(step, st, n_tokens, ctx)
     advisor.end_step(step, timed=True)
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.requests import ReqState
-from miniflex.cost import CostModel
+from miniflex.cost import CostModel, Decision
 from miniflex.plan import JobResult, LoadProbe, LoadTiming
 from miniflex.stats import TransferStats
 from miniflex.tiers.hierarchy import WRITE_WAIT_S
@@ -35,7 +35,7 @@ from miniflex.types import ReqId, Tier
 
 __all__ = ["HitAdvisor"]
 
-logger = logging.getLogger("miniflex.manager")
+logger = logging.getLogger(__name__)
 
 KEEP_STEPS = 256
 """Steps whose forward time is still awaited; older ones are forgotten (never reported)."""
@@ -56,29 +56,31 @@ class HitAdvisor:
     # ---- decisions ----
     def decide(
         self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int, ssd: bool
-    ) -> int:
-        """How many of the resident chunks (in ``tiers``) to load, by ``hit_policy``, and how
-        (``st.timing``, by ``load_mode``). ``ssd``: the engine has an SSD or remote tier."""
+    ) -> tuple[int, LoadTiming, Decision | None]:
+        """How many of the resident chunks (in ``tiers``) of request ``st`` to load, by
+        ``hit_policy``, how (by ``load_mode``), and the cost model's decision where it made
+        one. ``ssd``: the engine has an SSD or remote tier. Reads ``st``, never writes it."""
         mode = self.config.load_mode
         layerwise = False
+        decision = None
         others = self.running_besides(st)
         if self.config.hit_policy == "cost" and (ssd or mode == "auto"):
-            st.decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto", others)
-            n, layerwise = st.decision.load_chunks, st.decision.layerwise
+            decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto", others)
+            n, layerwise = decision.load_chunks, decision.layerwise
         else:
             n = len(tiers)
             if self.config.hit_policy == "cpu":
                 n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
             if mode == "auto":
-                decision = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others)
-                layerwise = decision.layerwise
+                choice = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others)
+                layerwise = choice.layerwise
         if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
-            st.timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
+            timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
         elif mode == "auto":
-            st.timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
+            timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
         else:
-            st.timing = LoadTiming(mode)
-        return n
+            timing = LoadTiming(mode)
+        return n, timing, decision
 
     def running_besides(self, st: ReqState) -> int:
         """Requests of the last planned step that are not finished, ``st`` aside: those an
@@ -87,7 +89,7 @@ class HitAdvisor:
 
     def record(self, st: ReqState, stats: TransferStats) -> None:
         """Count the cost model's decision for this request once, and start timing its TTFT."""
-        d = st.decision
+        d = st.hit.decision
         if d is None or not d.calibrated or st.ttft_start is not None or st.decided:
             return
         st.decided = True
@@ -181,17 +183,18 @@ class HitAdvisor:
                 self.cost.observe_step(work[0], work[1], seconds)
             for req_id in self._ttft_pending.pop(step, ()):
                 st = reqs.get(req_id)
-                if st is None or st.ttft_start is None or st.decision is None:
+                decision = None if st is None else st.hit.decision
+                if st is None or st.ttft_start is None or decision is None:
                     continue
                 actual = now - st.ttft_start
                 stats.ttft_samples += 1
-                stats.ttft_predicted_s += st.decision.predicted_s
+                stats.ttft_predicted_s += decision.predicted_s
                 stats.ttft_actual_s += actual
                 logger.debug(
                     "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
                     req_id,
                     1e3 * actual,
-                    1e3 * st.decision.predicted_s,
+                    1e3 * decision.predicted_s,
                 )
                 st.ttft_start = None
 

@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from miniflex.connector.cuda_graphs import EAGER, GraphRule
-from miniflex.connector.manager import ScheduledReq
 from miniflex.connector.model_kinds import EngineLayout
+from miniflex.connector.requests import ScheduledReq
 from miniflex.types import BlockId, ReqId, Tier
 
 __all__ = [

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
 from miniflex.connector.handler import MiniFlexHandler
+from miniflex.connector.hits import load_tokens_by_tier
 from miniflex.connector.hook_clock import HOOKS, timed_hook
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.manager import MiniFlexManager
@@ -35,9 +36,8 @@ from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.remote_tier import WorkerRemote
-from miniflex.connector.requests import load_tokens_by_tier
 from miniflex.connector.scheduler_side import start_manager
-from miniflex.connector.stats import MiniFlexConnectorStats
+from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import namespace_for
 from miniflex.plan import JobKind, TransferPlan
@@ -247,15 +247,15 @@ class MiniFlexConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         """None: not known yet, vLLM asks again in a later step (a chunk is landing on SSD)."""
         self._requests[request.request_id] = request
-        n = self.manager.lookup(
+        hit = self.manager.lookup(
             request.request_id,
             compat.block_hashes(request),
             request.num_tokens,
             num_computed_tokens,
         )
-        if n is None:
+        if hit.tokens is None:
             return None, False
-        return n, n > 0 and self.manager.load_async(request.request_id)
+        return hit.tokens, hit.tokens > 0 and hit.load_async
 
     @timed_hook
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -268,7 +268,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
         """vLLM 0.32+, after ``update_state_after_alloc``: the hit split by the tier each
         token loads from (host: CPU, disk: SSD), for ``vllm:prompt_tokens_cached_by_source``."""
-        load = self.manager.state(request.request_id).load
+        st = self.manager.find_state(request.request_id)
+        load = st.load if st is not None else None
         split = load_tokens_by_tier(load, num_external_tokens, self.geometry.chunk_tokens)
         return compat.cache_hit_sources(split)
 
@@ -304,7 +305,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
                 "hit_tokens": st.hit_tokens,
                 "stored_tokens": st.stored_tokens,
                 **{f"hit_tokens_{tier}": n for tier, n in st.hit_by_tier.items()},
-                **{f"resident_tokens_{tier}": n for tier, n in st.resident_by_tier.items()},
+                **{f"resident_tokens_{tier}": n for tier, n in st.hit.resident_by_tier.items()},
                 **({"load": st.loaded_as.value} if st.loaded_as is not None else {}),
             }
         }

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector.offline import (
+from miniflex.connector.offline_llm import (
     evict_gpu_prefix_cache,
     make_llm,
     miniflex_hit_tokens,

@@ -49,14 +49,13 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import replace
 
 import torch
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.hook_clock import ThreadClock
 from miniflex.connector.job_runner import Promoted, execute, failed_result
-from miniflex.connector.probe import probe_loads
+from miniflex.connector.probe import probe_rank
 from miniflex.connector.promotions import Promoter
 from miniflex.connector.remote_tier import WorkerRemote
 from miniflex.connector.step_loads import StepLoads
@@ -77,9 +76,6 @@ __all__ = ["MiniFlexHandler"]
 logger = logging.getLogger("miniflex.handler")
 
 _Item = tuple[TransferJob, object, "Future[JobResult]", Promoted | None]
-
-_PUTS = (JobKind.STORE, JobKind.DEMOTE)
-"""Jobs whose ``remote`` copies are puts (write-through, write-back); a LOAD's are fetches."""
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -150,11 +146,7 @@ class MiniFlexHandler:
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
-        self._probe = probe_loads(self._mover, self.layout, num_slots)
-        if self._probe is not None and self._ssd is not None:
-            self._probe = replace(self._probe, ssd_read_bps=self._ssd.probe_read())
-        if self._probe is not None and self._remote is not None:
-            self._probe = replace(self._probe, remote_read_bps=self._remote.probe())
+        self._probe = probe_rank(self._mover, self.layout, num_slots, self._ssd, self._remote)
         for name, q in (
             ("miniflex-load", self._queue),
             ("miniflex-store", self._store_queue),
@@ -319,8 +311,8 @@ class MiniFlexHandler:
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
                 res = execute(job, fence, promoted, mover, ssd, self._writes)
-                if job.kind in _PUTS and self._remote is not None and self._writes:
-                    self._remote.stored(job, res)  # puts: copied before the slot is reused
+                if self._remote is not None and self._writes:
+                    self._remote.finished(job, res)  # puts: copied before the slot is reused
                 fut.set_result(res)
             self._cpu.add(time.thread_time() - cpu)
 

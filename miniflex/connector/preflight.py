@@ -1,7 +1,7 @@
 """Every setting MiniFlex can check before vLLM starts, against the model and the machine.
 
 ``miniflex serve`` calls :func:`check_before_start` with vLLM's command line
-before it execs vLLM, and :func:`~miniflex.connector.offline.make_llm` with its
+before it execs vLLM, and :func:`~miniflex.connector.offline_llm.make_llm` with its
 engine arguments before it builds ``LLM``; the connector itself checks the SSD
 tier first thing in each worker (plain ``LLM(...)`` users get the same
 messages, only later). Each refusal is one :class:`~miniflex.errors.ConfigError`
@@ -30,8 +30,8 @@ from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 from miniflex.model_shape import ModelShape
 from miniflex.ranks import SINGLE_RANK, TPPlacement
+from miniflex.ssd.backends import describe_backend
 from miniflex.ssd.preflight import check_ssd_tier
-from miniflex.ssd.probe import describe_backend
 from miniflex.units import format_bytes
 
 __all__ = [

@@ -36,6 +36,9 @@ __all__ = ["WorkerRemote", "check_store", "open_checked", "open_lookup"]
 
 logger = logging.getLogger("miniflex.remote")
 
+_PUTS = (JobKind.STORE, JobKind.DEMOTE)
+"""Jobs whose ``remote`` copies are puts (write-through, write-back); a LOAD's are fetches."""
+
 
 def open_checked(config: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore | None:
     """The store of ``remote_url`` for one namespace, checked (None without ``remote_url``).
@@ -134,11 +137,16 @@ class WorkerRemote:
         )
         return bps
 
-    def stored(self, job: TransferJob, result: JobResult) -> None:
-        """A STORE job (write-through) or DEMOTE job (write-back) finished on its thread:
-        queue its puts (copies of its slots, taken now, before any job overwrites them)."""
-        assert job.kind is not JobKind.LOAD, "a load's remote copies are fetches"
-        if self.uploader is None or not job.remote or not result.ok or self._pool is None:
+    def finished(self, job: TransferJob, result: JobResult) -> None:
+        """A job finished on its thread: a STORE's (write-through) or DEMOTE's (write-back)
+        puts are queued (copies of its slots, taken now, before any job overwrites them)."""
+        if (
+            job.kind not in _PUTS
+            or self.uploader is None
+            or not job.remote
+            or not result.ok
+            or self._pool is None
+        ):
             return
         for c in job.remote:
             self.uploader.offer(c.key, self._pool.slot(c.cpu))

@@ -45,8 +45,8 @@ def start_manager(
         compat.step_tokens(vllm_config),
         compat.graph_rule(vllm_config),
         compat.max_model_len(vllm_config),
+        remote,
     )
-    manager.remote = remote
     recovered = ssd_tier.seed(manager, config, geometry, ns, placement)
     if (ssd_slots or remote) and not compat.block_hashes_reproducible(hash_seed_set()):
         logger.warning(

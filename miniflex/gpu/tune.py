@@ -40,7 +40,7 @@ from miniflex.gpu.registry import cuda_mover_problem
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks
 from miniflex.gpu.synthetic import synthetic_caches as make_caches
 from miniflex.gpu.tune_cache import TuneChoice, tune_key, write_choice
-from miniflex.layout import KVLayout, layout_from_tensors
+from miniflex.layout import KVGeometry, KVLayout, layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
 from miniflex.table import format_table
@@ -179,41 +179,60 @@ def tune(
     results = []
     for tokens in chunk_tokens:
         g = kv_geometry(cfg, block_size, dtype, tokens, tensor_parallel)
-        n_chunks = max(1, tokens_per_call // tokens)
-        num_blocks = max(1024, 4 * n_chunks * g.blocks_per_chunk)
-        kv = make_caches(g, order, num_blocks, "cuda", fill=False)
-        layout = layout_from_tensors(kv, g.blocks_per_chunk)
-        pool = HostPool(2 * n_chunks, g.slot_bytes)
-        pinning.pin(pool.address, pool.nbytes, mapped=True)
-        try:
-            chunks = random_chunks(
-                n_chunks, g.blocks_per_chunk, num_blocks, 2 * n_chunks, random.Random(0)
-            )
-            key = tune_key(torch.cuda.get_device_name(), layout)
-            say(f"{key}: {n_chunks} chunks ({n_chunks * g.chunk_bytes / 2**20:.0f} MiB) a call")
-            timings = _time_all(
-                candidates or default_candidates(), layout, kv, pool, chunks, repeat, say
-            )
-        finally:
-            pinning.unpin(pool.address)
-            pool.close()
-            del kv
-        if not timings:
-            raise TransferError("no mover could be timed here (see the messages above)")
-        winner = pick_winner(timings)
-        kernels = [t for t in timings if t.candidate.mover == "kernel"]
-        best_kernel = pick_winner(kernels).candidate if kernels else Candidate("kernel")
-        choice = TuneChoice(
-            winner.candidate.mover,
-            best_kernel.ctas,
-            best_kernel.vec,
-            round(winner.store_gbps, 2),
-            round(winner.load_gbps, 2),
+        key, timings = _time_chunk_size(
+            g, order, tokens_per_call, repeat, candidates or default_candidates(), say
         )
+        winner, choice = _choose(timings)
         if cache_path is not None:
             write_choice(cache_path, key, choice)
         results.append(TuneResult(key, tuple(timings), winner, choice))
     return results
+
+
+def _time_chunk_size(
+    g: KVGeometry,
+    order: str,
+    tokens_per_call: int,
+    repeat: int,
+    candidates: Sequence[Candidate],
+    say: Progress,
+) -> tuple[str, list[Timing]]:
+    """The tuning key of geometry ``g`` and the timings of ``candidates`` on it."""
+    n_chunks = max(1, tokens_per_call // g.chunk_tokens)
+    num_blocks = max(1024, 4 * n_chunks * g.blocks_per_chunk)
+    kv = make_caches(g, order, num_blocks, "cuda", fill=False)
+    layout = layout_from_tensors(kv, g.blocks_per_chunk)
+    pool = HostPool(2 * n_chunks, g.slot_bytes)
+    pinning.pin(pool.address, pool.nbytes, mapped=True)
+    try:
+        chunks = random_chunks(
+            n_chunks, g.blocks_per_chunk, num_blocks, 2 * n_chunks, random.Random(0)
+        )
+        key = tune_key(torch.cuda.get_device_name(), layout)
+        say(f"{key}: {n_chunks} chunks ({n_chunks * g.chunk_bytes / 2**20:.0f} MiB) a call")
+        timings = _time_all(candidates, layout, kv, pool, chunks, repeat, say)
+    finally:
+        pinning.unpin(pool.address)
+        pool.close()
+        del kv
+    if not timings:
+        raise TransferError("no mover could be timed here (see the messages above)")
+    return key, timings
+
+
+def _choose(timings: Sequence[Timing]) -> tuple[Timing, TuneChoice]:
+    """The winner, and what the cache keeps of it (with the best kernel's settings)."""
+    winner = pick_winner(timings)
+    kernels = [t for t in timings if t.candidate.mover == "kernel"]
+    best_kernel = pick_winner(kernels).candidate if kernels else Candidate("kernel")
+    choice = TuneChoice(
+        winner.candidate.mover,
+        best_kernel.ctas,
+        best_kernel.vec,
+        round(winner.store_gbps, 2),
+        round(winner.load_gbps, 2),
+    )
+    return winner, choice
 
 
 def _time_all(candidates, layout, kv, pool, chunks, repeat, say) -> list[Timing]:

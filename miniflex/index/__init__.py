@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from miniflex.index.hashindex import HashIndex, compile_kernels
-from miniflex.index.keys import array_to_keys, keys_to_array, split_key
+from miniflex.index.key_words import array_to_keys, keys_to_array, split_key
 from miniflex.index.policy import POLICIES, EvictionPolicy, FIFOPolicy, LRUPolicy, make_policy
 
 __all__ = [

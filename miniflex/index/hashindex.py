@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 
 from miniflex.errors import TierFullError
-from miniflex.index.keys import keys_to_array, split_key
+from miniflex.index.key_words import keys_to_array, split_key
 from miniflex.types import ChunkKey, SlotId, Tier
 
 __all__ = ["HashIndex", "compile_kernels"]
@@ -76,7 +76,7 @@ def _words(key: int) -> tuple[int, int]:
 
     A word ``w >= 2**63`` becomes ``w - 2**64`` so that numba always types it as
     int64 (see :mod:`miniflex.index._kernels`). Invalid keys raise like
-    :func:`~miniflex.index.keys.split_key`.
+    :func:`~miniflex.index.key_words.split_key`.
     """
     try:
         # Fast path (~2x quicker than shifts and masks): the little-endian bytes
@@ -90,7 +90,7 @@ def _words(key: int) -> tuple[int, int]:
 
 
 def _key_array(keys: np.ndarray) -> np.ndarray:
-    """Validate a batch of keys as made by :func:`~miniflex.index.keys.keys_to_array`."""
+    """Validate a batch of keys as made by :func:`~miniflex.index.key_words.keys_to_array`."""
     if (
         type(keys) is np.ndarray
         and keys.ndim == 2
@@ -250,7 +250,7 @@ class HashIndex:
         """Number of leading keys of ``keys`` present, stopping at the first miss.
 
         ``keys`` is a ``(n, 2)`` uint64 array from
-        :func:`~miniflex.index.keys.keys_to_array`; an empty array gives 0.
+        :func:`~miniflex.index.key_words.keys_to_array`; an empty array gives 0.
         One compiled call, no per-key Python work.
         """
         arr = _key_array(keys)

@@ -5,10 +5,10 @@ preallocated slot file; an :class:`IOOp` is one aligned read or write. This
 package is the only place that imports ``cffi``.
 """
 
+from miniflex.ssd.backends import BACKEND_CHOICES, BACKENDS, make_backend
 from miniflex.ssd.base import BackendError, BackendUnavailableError, IOBackend, IOOp
 from miniflex.ssd.files import open_direct
 from miniflex.ssd.journal import SlotJournal
-from miniflex.ssd.probe import BACKEND_CHOICES, BACKENDS, make_backend
 from miniflex.ssd.store import SSDStore
 from miniflex.ssd.threads import ThreadBackend
 from miniflex.ssd.uring import UringBackend

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from miniflex.config import MiniFlexConfig
 from miniflex.plan import SlotCopy
 from miniflex.pool import HostPool
+from miniflex.ssd.backends import make_backend
 from miniflex.ssd.preflight import check_ssd_tier
-from miniflex.ssd.probe import make_backend
 from miniflex.ssd.read_probe import PROBE_BYTES, probe_read_bandwidth
 from miniflex.ssd.store import SSDStore, make_dirs, rank_dirs
 from miniflex.types import ChunkKey

@@ -39,10 +39,10 @@ from types import TracebackType
 
 from miniflex.errors import ConfigError, IOBackendError
 from miniflex.layout import ALIGN
+from miniflex.ssd.backends import make_backend
 from miniflex.ssd.base import BackendError, IOBackend, IOOp
 from miniflex.ssd.files import open_direct
 from miniflex.ssd.journal import SlotJournal, read_journal
-from miniflex.ssd.probe import make_backend
 from miniflex.types import ChunkKey, SlotId
 
 __all__ = [

@@ -8,19 +8,27 @@ slot if the fetch succeeded and frees it otherwise, like an SSD promotion.
 
 Example::
 
-    sources = stack.acquire(keys)                     # the local run
-    sources += acquire_fetches(stack.cpu, keys[len(sources):])
+    sources = acquire_for_load(stack, keys, fetch=True)   # the local run, then fetches
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from miniflex.tiers.hierarchy import ChunkSource
+from miniflex.tiers.hierarchy import ChunkSource, TierStack
 from miniflex.tiers.slot_tier import SlotTier
 from miniflex.types import ChunkKey
 
-__all__ = ["acquire_fetches"]
+__all__ = ["acquire_fetches", "acquire_for_load"]
+
+
+def acquire_for_load(stack: TierStack, keys: Sequence[ChunkKey], fetch: bool) -> list[ChunkSource]:
+    """Pin a load's ``keys``: the local run (:meth:`TierStack.acquire`), then, if ``fetch``
+    (a remote tier, and a load before the step), fresh CPU slots for the rest."""
+    sources = stack.acquire(keys)
+    if fetch and len(sources) < len(keys):
+        sources += acquire_fetches(stack.cpu, keys[len(sources) :])
+    return sources
 
 
 def acquire_fetches(cpu: SlotTier, keys: Sequence[ChunkKey]) -> list[ChunkSource]:

@@ -11,7 +11,7 @@ from miniflex.bench.args import add_arguments
 from miniflex.bench.burst import BurstWorkload
 from miniflex.bench.decode import DecodeCase, DecodeWorkload
 from miniflex.bench.model import PromptMaker
-from miniflex.bench.offline import EngineSettings
+from miniflex.bench.offline_driver import EngineSettings
 from miniflex.bench.provenance import git_commit, provenance
 
 PROMPTS = PromptMaker(vocab_size=1000, seed=0)

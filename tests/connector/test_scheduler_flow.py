@@ -10,6 +10,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
 from miniflex.connector import MiniFlexConnector
+from miniflex.keys import chunk_key
 from miniflex.types import ReqId
 from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
 
@@ -159,9 +160,11 @@ def test_keys_follow_block_hashes_that_vllm_rewrites(tmp_path: Path) -> None:
     manager = h.manager_side.manager
     old = [bytes([i]) * 32 for i in range(8)]  # 4 chunks of 2 blocks
     manager.lookup(ReqId("r"), old, 8 * BLOCK + 1, 0)
-    st = manager.state(ReqId("r"))
+    st = manager.state_for(ReqId("r"))
     st.stored_chunks = 4
     before = list(st.keys)
+    # one key per chunk, from the hash of the chunk's last block
+    assert before == [chunk_key(manager.ns, old[i]) for i in (1, 3, 5, 7)]
     new = [*old[:5], b"x" * 32, b"y" * 32, b"z" * 32]  # blocks 5.. changed: chunks 2, 3
     manager.lookup(ReqId("r"), new, 8 * BLOCK + 1, 0)
     assert st.keys[:2] == before[:2] and st.keys[2:] != before[2:] and len(st.keys) == 4

@@ -13,7 +13,7 @@ from vllm.v1.request import RequestStatus
 from miniflex.cli import main
 from miniflex.connector import MiniFlexConnector
 from miniflex.errors import ConfigError
-from miniflex.inspect import engine_liveness, inspect_status, load_status
+from miniflex.inspect_status import engine_liveness, inspect_status, load_status
 from tests.connector.harness import BLOCK, make_harness
 
 CHUNK = 2 * BLOCK

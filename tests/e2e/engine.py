@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import random
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector import offline
+from miniflex.connector import offline_llm
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 BLOCKS_PER_CHUNK = 2
@@ -26,6 +27,8 @@ class Result:
     num_cached_tokens: int
     miniflex_hit_tokens: int | None
     hit_by_tier: dict[str, int]  # e.g. {"cpu": 640, "ssd": 320}
+    resident_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Prompt tokens the request's last lookup found per tier, before the cost model chose."""
     load: str | None = None  # how MiniFlex loaded the hit: "async", "sync", "layerwise"
 
 
@@ -64,7 +67,7 @@ def make_llm(
 ) -> Any:
     """``engine_args``: more ``vllm.LLM`` arguments (``tensor_parallel_size``, ...)."""
     mf = None if miniflex is None else {"blocks_per_chunk": BLOCKS_PER_CHUNK, **miniflex}
-    return offline.make_llm(
+    return offline_llm.make_llm(
         model,
         mf,
         kv_cache_memory_bytes=kv_tokens * kv_bytes_per_token,
@@ -80,18 +83,24 @@ def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5, detokenize=False)
     out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
     comp = out.outputs[0]
+    params = (out.kv_transfer_params or {}).get("miniflex") or {}
     return Result(
         tokens=tuple(comp.token_ids),
         logprobs=tuple(tuple(sorted((k, v.logprob) for k, v in d.items())) for d in comp.logprobs),
         num_cached_tokens=out.num_cached_tokens or 0,
-        miniflex_hit_tokens=offline.miniflex_hit_tokens(out),
-        hit_by_tier=offline.miniflex_hits_by_tier(out),
-        load=((out.kv_transfer_params or {}).get("miniflex") or {}).get("load"),
+        miniflex_hit_tokens=offline_llm.miniflex_hit_tokens(out),
+        hit_by_tier=offline_llm.miniflex_hits_by_tier(out),
+        load=params.get("load"),
+        resident_by_tier={
+            k.removeprefix("resident_tokens_"): int(v)
+            for k, v in params.items()
+            if k.startswith("resident_tokens_")
+        },
     )
 
 
 def close(llm: Any) -> None:
-    offline.shutdown_llm(llm)
+    offline_llm.shutdown_llm(llm)
 
 
 def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
@@ -108,16 +117,9 @@ def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def h200_dry_run(part: str, out: Path) -> dict[str, Any]:
-    """``bench/run_h200.sh PART`` with ``--dry-run``: the engine settings it would use."""
-    root = Path(__file__).parents[2]
-    proc = subprocess.run(
-        ["bash", str(root / "bench" / "run_h200.sh"), part, str(out)],
-        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads((out / f"{part}.txt").read_text())
+def reset_everything(llm: Any, timeout_s: float = 30.0) -> None:
+    """Drop vLLM's prefix cache and every MiniFlex chunk (retried while stores finish)."""
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache(reset_connector=True):
+        assert time.monotonic() < deadline, "the caches could not be reset"
+        time.sleep(0.05)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine import h200_dry_run, run_bench
+from tests.e2e.engine import run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -45,18 +45,3 @@ def test_multiturn_prints_ttft_per_config_and_the_ratios(tiny_model: Path, tmp_p
     ratios = payload["summary"]["ratios"]
     assert ratios["layerwise/sync"] > 0 and ratios["layerwise/recompute"] > 0
     assert ratios["layerwise/async"] is None  # not run
-
-
-def test_h200_multiturn_part_compares_the_load_modes(tmp_path: Path) -> None:
-    plan = h200_dry_run("multiturn", tmp_path)
-    modes = {
-        name: (cfg or {}).get("kv_connector_extra_config", {}).get("load_mode")
-        for name, cfg in plan["kv_transfer"].items()
-    }
-    assert modes == {
-        "apc": None,
-        "miniflex-sync": "sync",
-        "miniflex-layerwise": "layerwise",
-        "miniflex-async": "async",
-    }
-    assert plan["llm_args"]["max_model_len"] >= 20000 + 4096

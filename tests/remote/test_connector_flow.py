@@ -17,7 +17,7 @@ import pytest
 
 from miniflex.connector import MiniFlexConnector
 from miniflex.errors import RemoteError
-from miniflex.inspect import inspect_status
+from miniflex.inspect_status import inspect_status
 from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
 from tests.connector.harness import BLOCK, Harness, make_harness

@@ -52,8 +52,19 @@ def test_many_random_ops_round_trip_bit_exact(backend: IOBackend, direct_dir: Pa
     assert np.array_equal(src, dst)
 
 
-def test_empty_batch_is_a_no_op(backend: IOBackend) -> None:
-    backend.run([])
+def test_empty_batch_is_a_no_op(backend: IOBackend, direct_dir: Path) -> None:
+    """``run([])`` returns at once, touches nothing, and leaves the backend usable."""
+    path = str(direct_dir / "empty.dat")
+    fd = open_direct(path, MIB)
+    src, dst = random_bytes(MIB, seed=5), aligned(MIB)
+    try:
+        backend.run([IOOp(fd, path, 0, memoryview(src), True)])
+        assert backend.run([]) is None
+        assert not backend.closed
+        backend.run([IOOp(fd, path, 0, memoryview(dst), False)])
+    finally:
+        os.close(fd)
+    assert np.array_equal(src, dst)
 
 
 def test_read_past_eof_is_an_error_naming_the_op(backend: IOBackend, direct_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Scenarios for `miniflex.index.HashIndex` and the key helpers, checked against a dict model."""
+"""Scenarios for `miniflex.index.HashIndex`, checked against a dict model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 )
 
 from miniflex.errors import TierFullError
-from miniflex.index import HashIndex, array_to_keys, keys_to_array, split_key
+from miniflex.index import HashIndex, keys_to_array, split_key
 from miniflex.types import SlotId, Tier
 
 WORD = 1 << 64
@@ -369,29 +369,6 @@ def test_items_is_a_snapshot() -> None:
     index.delete(0)
     index.insert(9, Tier.SSD, SlotId(9))
     assert sorted(it) == [(k, Tier.CPU, k) for k in range(5)]
-
-
-# ------------------------------------------------------------------- keys
-
-
-@given(st.lists(st.one_of(any_key, edge_key), max_size=50))
-@settings(max_examples=50, deadline=None)
-def test_keys_round_trip_through_word_arrays(ks: list[int]) -> None:
-    arr = keys_to_array(ks)
-    assert arr.dtype == np.uint64 and arr.shape == (len(ks), 2)
-    assert arr.flags.c_contiguous
-    assert array_to_keys(arr) == ks
-    for k, (hi, lo) in zip(ks, arr.tolist(), strict=True):
-        assert split_key(k) == (hi, lo)
-        assert hi * WORD + lo == k
-
-
-def test_keys_to_array_accepts_numpy_integers_and_rejects_non_integers() -> None:
-    assert keys_to_array([np.uint64(3), np.int64(4)]).tolist() == [[0, 3], [0, 4]]
-    with pytest.raises(TypeError, match="position 0"):
-        keys_to_array([1.0])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="shape"):
-        array_to_keys(np.zeros(4, dtype=np.uint64))
 
 
 def test_compile_kernels_compiles_every_kernel_the_index_calls() -> None:

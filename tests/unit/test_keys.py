@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from miniflex.keys import Namespace, chunk_keys_from_block_hashes, chunk_keys_from_tokens
+from miniflex.keys import Namespace, chunk_key, chunk_keys_from_tokens
 
 NS = Namespace(
     model="tiny",
@@ -60,13 +60,10 @@ def test_every_namespace_field_changes_the_keys() -> None:
         assert chunk_keys_from_tokens(other, tokens) != base, field
 
 
-def test_block_hash_keys_take_each_chunks_last_block() -> None:
-    hashes = [hashlib.sha256(bytes([i])).digest() for i in range(5)]
-    keys = chunk_keys_from_block_hashes(NS, hashes)
-    assert len(keys) == 2  # blocks 0-1 and 2-3; block 4 is a partial chunk
-    assert keys == chunk_keys_from_block_hashes(NS, [b"x", hashes[1], b"y", hashes[3]])
-    other_ns = dataclasses.replace(NS, model="other")
-    assert chunk_keys_from_block_hashes(other_ns, hashes) != keys
+def test_a_block_hash_key_is_scoped_by_the_namespace() -> None:
+    a, b = (hashlib.sha256(bytes([i])).digest() for i in range(2))
+    assert chunk_key(NS, a) == chunk_key(NS, a) != chunk_key(NS, b)
+    assert chunk_key(dataclasses.replace(NS, model="other"), a) != chunk_key(NS, a)
 
 
 def test_every_rank_has_the_same_keys_but_its_own_shard_digest() -> None:

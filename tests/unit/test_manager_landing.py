@@ -8,7 +8,8 @@ import dataclasses
 from pathlib import Path
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.manager import LANDING_WAIT_S, MiniFlexManager
+from miniflex.connector.lookup import LANDING_WAIT_S
+from miniflex.connector.manager import MiniFlexManager
 from miniflex.keys import chunk_key
 from miniflex.types import ReqId
 from tests.unit.test_keys import NS as TEST_NS
@@ -46,10 +47,12 @@ def landing_first_chunk(tmp_path: Path, **settings: object) -> tuple[MiniFlexMan
 
 def test_a_lookup_waits_for_a_landing_chunk_where_the_disk_keeps_up(tmp_path: Path) -> None:
     m, copies = landing_first_chunk(tmp_path)
-    assert m.lookup(ReqId("r"), HASHES, TOKENS, 0) is None  # vLLM asks again next step
+    assert m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens is None  # vLLM asks again next step
     m.tiers.complete_demotions(copies, failed=set())  # the write is reported: k0 is on SSD
     # from SSD, then CPU: as much as the CPU tier can stage at once (3 of its 4 slots)
-    assert m.lookup(ReqId("r"), HASHES, TOKENS, 0) == m.tiers.max_load_chunks * NS.chunk_tokens
+    assert (
+        m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == m.tiers.max_load_chunks * NS.chunk_tokens
+    )
     assert m.tiers.max_load_chunks == CHUNKS - 1
 
 
@@ -57,19 +60,19 @@ def test_a_lookup_does_not_wait_for_a_disk_slower_than_recompute(tmp_path: Path)
     m, _ = landing_first_chunk(tmp_path)
     m.tiers.observe_writes(chunks=1, seconds=1.0)  # now the disk writes a chunk in 0.3 s
     assert not m.tiers.disk_keeps_up
-    assert m.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0  # recomputed, no wait
+    assert m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == 0  # recomputed, no wait
 
 
 def test_a_lookup_waits_as_long_as_recomputing_the_rest_would_take(tmp_path: Path) -> None:
     """A sync that stalls on a busy disk: past LANDING_WAIT_S, the lookup keeps waiting only
     while the wait is still shorter than recomputing the rest of the prompt."""
     slow, _ = landing_first_chunk(tmp_path, prefill_tokens_per_s=10)  # 6.5 s of it
-    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) is None
-    slow._reqs[ReqId("r")].landing_since -= 2 * LANDING_WAIT_S  # a second has passed
-    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) is None  # still cheaper than recompute
-    slow._reqs[ReqId("r")].landing_since -= 10.0
-    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0  # longer than recompute: gave up
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens is None
+    slow.state_for(ReqId("r")).landing_since -= 2 * LANDING_WAIT_S  # a second has passed
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens is None  # still cheaper than recompute
+    slow.state_for(ReqId("r")).landing_since -= 10.0
+    assert slow.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == 0  # longer than recompute: gave up
     fast, _ = landing_first_chunk(tmp_path)  # no prefill fit yet: LANDING_WAIT_S
-    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0) is None
-    fast._reqs[ReqId("r")].landing_since -= 2 * LANDING_WAIT_S
-    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0) == 0
+    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens is None
+    fast.state_for(ReqId("r")).landing_since -= 2 * LANDING_WAIT_S
+    assert fast.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == 0

@@ -22,7 +22,7 @@ from typing import Any
 from miniflex.bench.configs import Connector, EngineConfig, TierSizes
 from miniflex.bench.driver import Arrival, Driver
 from miniflex.bench.samples import Sample, resident_tokens, tier_tokens
-from miniflex.connector.offline import evict_gpu_prefix_cache, shutdown_llm
+from miniflex.connector.offline_llm import evict_gpu_prefix_cache, shutdown_llm
 from miniflex.errors import MiniFlexError
 
 __all__ = ["EngineSettings", "OfflineDriver", "on_cuda"]

@@ -1,9 +1,11 @@
-"""How a load's tokens split by tier, as vLLM 0.32+ asks (get_external_cache_hit_sources)."""
+"""Per-tier hit accounting (``connector/hits.py``): how a load's tokens split by tier, as
+vLLM 0.32+ asks (get_external_cache_hit_sources)."""
 
 from __future__ import annotations
 
 from miniflex.connector import compat
-from miniflex.connector.requests import PendingLoad, load_tokens_by_tier
+from miniflex.connector.hits import load_tokens_by_tier
+from miniflex.connector.requests import PendingLoad
 from miniflex.tiers import ChunkSource
 from miniflex.types import ChunkKey, SlotId, Tier
 

@@ -1,0 +1,230 @@
+"""The table of MiniFlex settings: each key's parser, default and documentation.
+
+``miniflex.config`` builds :class:`~miniflex.config.MiniFlexConfig` from it, and
+``config_table()`` renders it as the table in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from miniflex.config_parse import (
+    parse_auto_float,
+    parse_auto_size,
+    parse_bool,
+    parse_choice,
+    parse_chunk_blocks,
+    parse_dirs,
+    parse_int,
+    parse_path,
+    parse_size,
+)
+from miniflex.config_remote import REMOTE_SPECS
+
+__all__ = ["AUTO_CHUNK_TOKENS", "SPECS", "Spec"]
+
+AUTO_CHUNK_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Spec:
+    parse: Callable[[str, object], Any]
+    default: Any
+    doc: str
+    shown_default: str
+
+
+def _size(default: str, doc: str) -> Spec:
+    return Spec(parse_size, parse_size("default", default), doc, default)
+
+
+_EVICTION = ("lru", "fifo")
+_MOVERS = ("auto", "cpu", "kernel", "dma", "staged")
+_SSD_IO = ("auto", "io_uring", "threads")
+_SSD_WRITE = ("back", "through")
+_HIT_POLICIES = ("cost", "load", "cpu")
+_LOAD_MODES = ("auto", "layerwise", "sync", "async")
+
+
+SPECS: dict[str, Spec] = {
+    "cpu_bytes": _size(
+        "4GiB",
+        "Size of the CPU tier of the engine (pinned host memory). With tensor parallelism "
+        "each rank's pool gets an equal share (an MLA model's latent cache is the same on every "
+        "rank: one pool, which all ranks map, gets it all). Each pool must hold at least one "
+        "chunk; the total must be below the machine's physical memory.",
+    ),
+    "cpu_pool_file": Spec(
+        lambda k, v: parse_path(k, v),
+        None,
+        "Back the CPU pool by a shared mapping of this file (one per TP rank: `<path>.<rank>`; "
+        "the pool all ranks of an MLA model share: `<path>.<engine id>`, "
+        "mode 0600, removed at shutdown) instead of anonymous memory, e.g. under `/dev/shm` so "
+        "that tools can inspect a live pool. Empty: anonymous memory.",
+        "",
+    ),
+    "blocks_per_chunk": Spec(
+        parse_chunk_blocks,
+        None,
+        "vLLM blocks per chunk, the unit of lookup, allocation, eviction and I/O; a chunk is "
+        "`blocks_per_chunk * block_size` tokens. `auto`: the fewest blocks that make at least "
+        f"{AUTO_CHUNK_TOKENS} tokens (4 blocks of 16, 2 of 32, 1 of 128).",
+        "auto",
+    ),
+    "cpu_eviction": Spec(
+        lambda k, v: parse_choice(k, v, _EVICTION),
+        "lru",
+        "Eviction policy of the CPU tier: " + ", ".join(_EVICTION) + ".",
+        "lru",
+    ),
+    "mover": Spec(
+        lambda k, v: parse_choice(k, v, _MOVERS),
+        "auto",
+        "How KV bytes move between vLLM's cache and the CPU pool: `cpu` (torch copies; the "
+        "only mover on vLLM's CPU backend), `kernel` (CuPy gather/scatter kernel into mapped "
+        "pinned memory), `dma` (batched async memcpy), `staged` (whole slots by the copy engines "
+        "through a GPU staging buffer, pages placed by the kernel); `auto`: the tuning cache's "
+        "winner for "
+        "this GPU and layout, else `staged` on CUDA and `cpu` elsewhere.",
+        "auto",
+    ),
+    "kernel_ctas": Spec(
+        lambda k, v: parse_int(k, v, 0, 4096),
+        0,
+        "Thread blocks (CTAs) of every launch of the copy kernel (`kernel` and `staged` "
+        "movers); few leave the SMs to vLLM's compute. 0: the tuning cache's value, else the "
+        "built-in defaults (2; 8 for the `staged` gather/scatter; 2-8 by size for a load issued "
+        "layer by layer).",
+        "0",
+    ),
+    "staging_lane_bytes": _size(
+        "32MiB",
+        "The `staged` mover's GPU staging buffer: 4 lanes of this size (each at least one chunk "
+        "slot), allocated beside vLLM's KV cache. Each step of a store or load moves a lane's "
+        "worth of chunks; larger lanes mean fewer Python calls per chunk on the transfer "
+        "thread, which shares the interpreter with vLLM's.",
+    ),
+    "tune_cache": Spec(
+        lambda k, v: parse_path(k, v),
+        None,
+        "JSON file where `miniflex tune` stores the fastest mover per GPU, layout and chunk "
+        "size, read at start-up. Empty: `$XDG_CACHE_HOME/miniflex/tune.json` "
+        "(`~/.cache/miniflex/tune.json`).",
+        "",
+    ),
+    "max_inflight_chunks": Spec(
+        lambda k, v: parse_int(k, v, 1, 1 << 20),
+        4096,
+        "Upper bound on chunks being stored at once; further stores are skipped "
+        "(and counted in `stores_skipped`) rather than queued without bound.",
+        "4096",
+    ),
+    "store": Spec(
+        parse_bool,
+        True,
+        "Save newly computed chunks. `false` makes the cache read-only (loads still work).",
+        "true",
+    ),
+    "ssd_dirs": Spec(
+        parse_dirs,
+        (),
+        "Directories of the SSD tier (comma-separated; one preallocated O_DIRECT data file "
+        "each, slots striped over them; TP rank r uses the subdirectory `rank<r>`). Empty: no "
+        "SSD tier. Chunks found there after a restart with the same model and layout are served.",
+        "",
+    ),
+    "ssd_bytes": _size(
+        "16GiB",
+        "Size of the SSD tier of the engine, split evenly over the TP ranks' stores (MLA: rank "
+        "0's store, the only one, gets it all) and over `ssd_dirs`; checked against each file "
+        "system's free space at start-up.",
+    ),
+    "ssd_write": Spec(
+        lambda k, v: parse_choice(k, v, _SSD_WRITE),
+        "back",
+        "`back`: a chunk is written to SSD when the CPU tier evicts it (write-back); "
+        "`through`: every chunk stored on CPU is also written to SSD at once.",
+        "back",
+    ),
+    "ssd_write_backlog": Spec(
+        parse_auto_size,
+        None,
+        "Write-back: at most this much KV is being written from the CPU tier to SSD at once "
+        "(it stays readable in CPU meanwhile). Past that, a store takes the slot of the oldest "
+        "write and waits for it if the disk writes a chunk faster than recomputing one takes "
+        "(or that write ends within one chunk's recompute); otherwise the evicted chunk is "
+        "dropped, counted in `demotions_skipped`, so that a slow disk never holds up stores. "
+        "Writes start ahead of "
+        "need, from the least recently used chunks, so that this much of the CPU tier is free "
+        "or being written. `auto`: the KV of one engine step (`max_num_batched_tokens`), "
+        "within 1/8 to 1/2 of the CPU tier.",
+        "auto",
+    ),
+    "ssd_eviction": Spec(
+        lambda k, v: parse_choice(k, v, _EVICTION),
+        "lru",
+        "Eviction policy of the SSD tier: " + ", ".join(_EVICTION) + ".",
+        "lru",
+    ),
+    "hit_policy": Spec(
+        lambda k, v: parse_choice(k, v, _HIT_POLICIES),
+        "cost",
+        "Which resident chunks a request loads: `cost` (all CPU chunks; SSD chunks only while "
+        "loading them is predicted to be faster than recomputing, see docs/design.md), `load` "
+        "(everything resident), `cpu` (never SSD-only chunks: they are recomputed).",
+        "cost",
+    ),
+    "load_mode": Spec(
+        lambda k, v: parse_choice(k, v, _LOAD_MODES),
+        "auto",
+        "How a hit is loaded: `async` (in the background; the request is computed in a later "
+        "engine step), `sync` (before the step's forward, which waits for all of it: "
+        "load-then-compute), `layerwise` (in the same step, layer L+1 copying while layer L "
+        "computes); `auto`: the cost model picks layerwise or async per request (see "
+        "docs/design.md). Chunks read from SSD always load async.",
+        "auto",
+    ),
+    "cpu_load_gbps": Spec(
+        parse_auto_float,
+        None,
+        "Cost model: CPU pool -> vLLM cache bandwidth in GB/s. `auto`: learned from loads.",
+        "auto",
+    ),
+    "ssd_read_gbps": Spec(
+        parse_auto_float,
+        None,
+        "Cost model: SSD -> CPU pool read bandwidth in GB/s. It also decides admission: while "
+        "reading a chunk back is predicted slower than recomputing the costliest chunk, "
+        "evicted chunks are not written to SSD (one probe write every 10 s; counted in "
+        "`demotions_declined`). `auto`: measured at start-up (each worker reads back up to "
+        "256 MiB from a scratch file beside its store), then learned from reads.",
+        "auto",
+    ),
+    "prefill_tokens_per_s": Spec(
+        parse_auto_float,
+        None,
+        "Cost model: a fixed prefill speed (tokens/s, no attention term) instead of the one "
+        "fitted to the engine's own forward times. `auto`: fitted.",
+        "auto",
+    ),
+    "status_file": Spec(
+        lambda k, v: parse_path(k, v),
+        None,
+        "Write the scheduler's live state (tiers, cost model, cumulative counters) to this "
+        "JSON file, atomically, every second from a thread of its own, idle or not; the state "
+        "is refreshed while busy (at most once a second) and when the engine falls idle. "
+        "`miniflex inspect FILE` prints it, its age and whether the engine runs. Empty: off.",
+        "",
+    ),
+    "ssd_io": Spec(
+        lambda k, v: parse_choice(k, v, _SSD_IO),
+        "auto",
+        "SSD I/O backend: `io_uring` (raw syscalls through cffi), `threads` "
+        "(`preadv`/`pwritev` thread pool); `auto`: io_uring if a probe succeeds, else threads "
+        "(logged, and shown in stats).",
+        "auto",
+    ),
+    **{key: Spec(*spec) for key, spec in REMOTE_SPECS.items()},
+}

@@ -1,0 +1,161 @@
+"""The scheduler's lookup: a request's chunk keys, and the hit MiniFlex can load.
+
+:class:`HitLookup` answers ``get_num_new_matched_tokens``: a prefix match of the
+request's chunk keys, starting after vLLM's own GPU hit, across the CPU and SSD
+tiers and then, with ``remote_url``, the remote store (asked for the chunks
+after the local run, :mod:`miniflex.remote.lookup`), and how much of it to load,
+and how (the :class:`~miniflex.connector.advisor.HitAdvisor`'s call). The answer
+is a frozen :class:`~miniflex.connector.hits.Hit`. It touches no tier: vLLM may
+ask several times. What it keeps on the request is its keys (built once,
+extended as the prompt grows) and when it began waiting for a chunk landing on
+SSD.
+
+Example::
+
+    lookup = HitLookup(ns, tiers, advisor, cost, graphs, load_mode="auto")
+    hit = lookup.find(state, block_hashes, num_tokens=4097, num_computed=0)
+    hit.tokens, hit.load_async   # (4064, True): vLLM loads them before computing the rest
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from miniflex.connector.advisor import HitAdvisor
+from miniflex.connector.cuda_graphs import GraphRule
+from miniflex.connector.hits import Hit, tokens_by_tier
+from miniflex.connector.requests import ReqState
+from miniflex.cost import CostModel
+from miniflex.index import keys_to_array
+from miniflex.keys import Namespace, chunk_key
+from miniflex.plan import LoadTiming
+from miniflex.remote.lookup import RemoteLookup
+from miniflex.tiers import TierStack
+from miniflex.types import ChunkKey, Tier
+
+__all__ = ["LANDING_WAIT_S", "HitLookup"]
+
+LANDING_WAIT_S = 0.5
+"""Longest a request's lookup waits for a chunk on its way to SSD (see ``find``)."""
+
+
+class HitLookup:
+    """Finds a request's hit; scheduler side, one thread."""
+
+    def __init__(
+        self,
+        ns: Namespace,
+        tiers: TierStack,
+        advisor: HitAdvisor,
+        cost: CostModel,
+        graphs: GraphRule,
+        load_mode: str,
+        remote: RemoteLookup | None = None,
+    ) -> None:
+        """``remote``: the remote tier's lookup, asked after the local run (None: none)."""
+        self.ns = ns
+        self.tiers = tiers
+        self.advisor = advisor
+        self.cost = cost
+        self.graphs = graphs
+        self.load_mode = load_mode
+        self.remote = remote
+
+    def keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
+        """The request's chunk keys, extended (or cut back) to match its block hashes.
+
+        vLLM can rewrite a request's trailing hashes (streaming-input sessions
+        replace the tail of a prompt), so keys whose source hash changed are
+        dropped first. Hashes chain, so the last key that still matches vouches
+        for every key before it; normally that is the first one checked.
+        """
+        bpc = self.ns.blocks_per_chunk
+        n = min(len(st.keys), len(block_hashes) // bpc)
+        while n and block_hashes[n * bpc - 1] != st.key_sources[n - 1]:
+            n -= 1
+        if n < len(st.keys):
+            del st.keys[n:], st.key_sources[n:]
+            st.key_array = st.key_array[:n]
+            st.stored_chunks = min(st.stored_chunks, n)
+        full = len(block_hashes) // bpc
+        if full > n:
+            sources = [bytes(block_hashes[i * bpc - 1]) for i in range(n + 1, full + 1)]
+            new = [chunk_key(self.ns, h) for h in sources]
+            st.keys += new
+            st.key_sources += sources
+            st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
+        return st.keys
+
+    def find(
+        self, st: ReqState, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
+    ) -> Hit:
+        """The hit beyond ``num_computed`` (vLLM's own) of a prompt of ``num_tokens``.
+
+        ``Hit.tokens`` None: ask again in a later step. The run of resident chunks ends at
+        one on its way to SSD, readable nowhere until its write is reported (within a step
+        or two); waiting beats recomputing the rest of the prompt, for as long as that
+        recompute would take.
+        """
+        st.num_computed_tokens = num_computed
+        st.num_prompt_tokens = num_tokens
+        keys = self.keys(st, block_hashes)
+        ct, bs = self.ns.chunk_tokens, self.ns.block_size
+        start = num_computed // ct
+        matched = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
+        tiers = self._residence(st, keys, start, matched)
+        if self._wait_for_landing(st, keys, start + len(tiers)):
+            return Hit(None, resident_by_tier=st.hit.resident_by_tier)
+        if self.remote is not None:  # the chunks after the local run that the store holds
+            ask = keys[start + len(tiers) : start + self.tiers.max_load_chunks]
+            tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
+            matched = len(tiers)
+        resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
+        if any(t is not Tier.CPU for t in tiers):  # a load stages its chunks in CPU slots
+            tiers = tiers[: self.tiers.max_load_chunks]
+        n, timing, decision = 0, LoadTiming.ASYNC, None
+        if matched:
+            slow = self.tiers.ssd is not None or self.remote is not None
+            n, timing, decision = self.advisor.decide(st, tiers, num_tokens, num_computed, slow)
+        end = min((start + n) * ct, (num_tokens - 1) // bs * bs)
+        if end <= num_computed or (
+            self.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
+        ):
+            # auto: an in-step load only overlaps a step that runs attention eagerly
+            timing = LoadTiming.ASYNC
+        return Hit(max(0, end - num_computed), timing, decision, resident)
+
+    def _residence(self, st: ReqState, keys: list[ChunkKey], start: int, n: int) -> list[Tier]:
+        """The tier of each of the ``n`` chunks matched from ``start`` on."""
+        if not n:
+            return []
+        if self.tiers.ssd is None:
+            return [Tier.CPU] * n
+        run = st.key_array[start : start + n]
+        # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
+        return self.tiers.residence(keys[start : start + n], self.tiers.cpu.match(run))
+
+    def _wait_for_landing(self, st: ReqState, keys: list[ChunkKey], end: int) -> bool:
+        """True: the chunk after the resident run (``keys[end]``) is landing on SSD and the
+        request has waited for it less than recomputing the rest of its prompt would take
+        (by the prefill fit; LANDING_WAIT_S at least, and before a fit). Only where the disk
+        keeps up with recomputing: on a slower one, the chunks on SSD save little or nothing.
+        A disk's sync can stall for a while on a busy machine; the wait is worth it as long
+        as it is shorter than the recompute it saves."""
+        if (
+            self.tiers.ssd is None
+            or end >= len(keys)
+            or not self.tiers.landing(keys[end])  # a dict lookup: first, on every lookup
+            or not self.tiers.disk_keeps_up
+        ):
+            st.landing_since = None
+            return False
+        now = time.monotonic()
+        if st.landing_since is None:
+            st.landing_since = now
+        done = end * self.ns.chunk_tokens
+        fit = self.cost.prefill
+        rest = fit.seconds(st.num_prompt_tokens - done, done) if fit is not None else 0.0
+        return now - st.landing_since < max(LANDING_WAIT_S, rest)

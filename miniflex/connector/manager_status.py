@@ -1,0 +1,59 @@
+"""The scheduler's state as a plain dict: ``miniflex inspect``'s view and the status file."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from miniflex.stats import TransferStats
+
+if TYPE_CHECKING:
+    from miniflex.connector.manager import MiniFlexManager
+
+__all__ = ["manager_status"]
+
+
+def manager_status(m: MiniFlexManager) -> dict[str, Any]:
+    """Tiers, the cost model and cumulative counters of ``m``."""
+    tiers = [m.cpu.usage()] + ([m.ssd.usage()] if m.ssd is not None else [])
+    return {
+        "namespace": m.ns.digest.hex(),
+        "chunk_tokens": m.ns.chunk_tokens,
+        "tiers": [
+            {
+                "tier": u.tier.name.lower(),
+                "slots": u.num_slots,
+                "resident": u.resident,
+                "pinned_or_moving": u.pinned_or_moving,
+                "free": u.free,
+                "evictions": u.evictions,
+            }
+            for u in tiers
+        ],
+        "cost_model": _cost_model(m),
+        "remote": m.remote.status() if m.remote is not None else None,
+        "requests_tracked": m.num_requests,
+        "jobs_in_flight": len(m.jobs),
+        "totals": TransferStats().merge(m.totals).merge(m.stats).as_counters(),
+    }
+
+
+def _cost_model(m: MiniFlexManager) -> dict[str, Any]:
+    cost = m.cost
+    prefill = cost.prefill
+    return {
+        "hit_policy": m.config.hit_policy,
+        "calibrated": cost.calibrated,
+        "ssd_admits": m.tiers.ssd_pays_off if m.ssd is not None else None,
+        "observed_steps": cost.observed_steps,
+        "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
+        "layerwise_load_GBps": None
+        if cost.layerwise_bandwidth is None
+        else cost.layerwise_bandwidth / 1e9,
+        "prefill": None
+        if prefill is None
+        else {
+            "step_s": prefill.step,
+            "per_token_s": prefill.per_token,
+            "per_pair_s": prefill.per_pair,
+        },
+    }

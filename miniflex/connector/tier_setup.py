@@ -1,0 +1,68 @@
+"""The scheduler's tier stack, wired to the cost model that sizes and steers its write-back,
+and to the remote tier's write-back (``remote_write=back``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from miniflex.config import MiniFlexConfig
+from miniflex.connector.advisor import HitAdvisor
+from miniflex.cost import CostModel
+from miniflex.keys import Namespace
+from miniflex.tiers import TierStack
+from miniflex.tiers.admission import SSDAdmission
+from miniflex.types import ChunkKey, SlotId, Tier
+
+__all__ = ["build_tiers"]
+
+
+def build_tiers(
+    config: MiniFlexConfig,
+    ns: Namespace,
+    cost: CostModel,
+    advisor: HitAdvisor,
+    num_slots: int,
+    ssd_slots: int,
+    step_tokens: int,
+    max_model_len: int,
+    on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+) -> TierStack:
+    """The CPU tier of ``num_slots`` over an SSD tier of ``ssd_slots`` (0: none).
+    ``step_tokens``: vLLM's ``max_num_batched_tokens`` (0: unknown); ``max_model_len``:
+    the longest prompt (its last chunk costs most to recompute); ``on_cpu_evict``: told of
+    every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
+    :mod:`miniflex.connector.remote_puts`)."""
+    step_chunks = -(-step_tokens // ns.chunk_tokens)
+    tiers = TierStack(
+        num_slots,
+        config.cpu_eviction,
+        ssd_slots,
+        config.ssd_eviction,
+        write_through=config.ssd_write == "through",
+        max_writeback=_writeback_chunks(config, num_slots, cost.chunk_bytes, step_chunks),
+        wait_budget=advisor.write_wait_budget,
+        recompute_seconds=cost.chunk_recompute_seconds,
+        admission=SSDAdmission(
+            cost.ssd_chunk_seconds,
+            lambda: cost.chunk_recompute_seconds(max_model_len),
+        ),
+        on_cpu_evict=on_cpu_evict,
+    )
+    if ssd_slots > 0 and cost.chunk_bytes > 0:  # until writes are seen: as fast as reads
+        tiers.write_seconds = cost.chunk_bytes / cost.bandwidth[Tier.SSD]
+    return tiers
+
+
+def _writeback_chunks(
+    config: MiniFlexConfig, num_slots: int, chunk_bytes: int, step_chunks: int
+) -> int:
+    """``ssd_write_backlog`` in chunks. ``auto``: one engine step's worth of chunks, so that
+    a disk that writes a step's KV within a step drops nothing; within 1/8 to 1/2 of the CPU
+    tier (a quarter when the step size is unknown). Always leaves a slot to store into."""
+    if config.ssd_write_backlog is not None and chunk_bytes > 0:
+        n = config.ssd_write_backlog // chunk_bytes
+    elif step_chunks > 0:
+        n = min(max(step_chunks, num_slots // 8), num_slots // 2)
+    else:
+        n = num_slots // 4
+    return max(1, min(n, num_slots - 1))

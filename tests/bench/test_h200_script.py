@@ -1,0 +1,59 @@
+"""``bench/run_h200.sh``: every part's arguments pass the benchmark's own checks.
+
+The script runs only on the GPU machine; here each part runs with ``--dry-run``,
+which parses and validates the arguments, sizes the tiers and prints the engine
+settings instead of starting engines. The checks are what every part must keep,
+whatever its sizes: it runs, it compares against APC, and it runs vLLM as users
+do (CUDA graphs, not eager).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miniflex.config import parse_size
+
+ROOT = Path(__file__).parents[2]
+PARTS = ("ttft", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
+
+
+def h200_dry_run(part: str, out: Path) -> dict[str, Any]:
+    """``bench/run_h200.sh PART`` with ``--dry-run``: the engine settings it would use."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "run_h200.sh"), part, str(out)],
+        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((out / f"{part}.txt").read_text())
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_each_part_of_the_h200_script_passes_the_benchmark_checks(
+    part: str, tmp_path: Path
+) -> None:
+    plan = h200_dry_run(part, tmp_path)
+    assert "apc" in plan["kv_transfer"]
+    assert any(name.startswith("miniflex") for name in plan["kv_transfer"])
+    assert plan["llm_args"]["enforce_eager"] is False  # CUDA graphs, as users run vLLM
+
+
+def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
+    """The remote part's engines as the H200 runs them: a 30k-token prompt fits vLLM's
+    cache and MiniFlex's CPU tier; with CUDA graphs; no engine or store started here."""
+    plan = h200_dry_run("remote", tmp_path)
+    assert plan["settings"]["prompt_tokens"] == "8192,30000"
+    engine = plan["engine"]
+    assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
+    assert engine["load_format"] == "dummy" and engine["eager"] is False
+    assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456

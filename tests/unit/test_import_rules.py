@@ -1,0 +1,116 @@
+"""Which packages may import the heavy third-party libraries, read from the source with ``ast``.
+
+Each library stays in its own corner (docs/design.md, "Packages and imports"):
+vLLM in the connector and the tools that drive engines, torch where KV tensors
+are touched, CuPy in ``gpu/``, cffi in ``ssd/``, Numba in ``index/`` and the
+redis client in ``remote/``. A vLLM worker imports the connector, so Numba
+(slow to import, and its JIT unwanted there) must not be imported at module
+level by anything the connector imports at module level: the index compiles
+its kernels lazily.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "miniflex"
+
+ALLOWED: dict[str, tuple[str, ...]] = {
+    # the facade, and the benchmarks that start engines (lazily)
+    "vllm": ("connector/", "bench/"),
+    # KV tensors: movers, the connector's worker side, the demo's toy models, benchmarks
+    "torch": (
+        "connector/",
+        "gpu/",
+        "bench/",
+        "demo_core.py",
+        "tinymodel.py",
+        "tinymodel_mla.py",
+    ),
+    "cupy": ("gpu/",),
+    "cffi": ("ssd/",),
+    "numba": ("index/",),
+    "redis": ("remote/",),  # the remote store's client; an optional extra
+}
+
+WORKER_ENTRY = "miniflex.connector.connector"
+"""What a vLLM worker imports (``kv_connector_module_path`` is ``miniflex.connector``)."""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, bool, int]]:
+    """``(module, at module level, line)`` of every absolute import; imports under
+    ``if TYPE_CHECKING:`` count as lazy (they never run)."""
+
+    def walk(node: ast.AST, lazy: bool) -> Iterator[tuple[str, bool, int]]:
+        for child in ast.iter_child_nodes(node):
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                inner = True
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, not inner, child.lineno
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                yield child.module, not inner, child.lineno
+                for alias in child.names:  # ``from pkg import submodule``
+                    yield f"{child.module}.{alias.name}", not inner, child.lineno
+            yield from walk(child, inner)
+
+    yield from walk(tree, False)
+
+
+def _parsed() -> dict[str, tuple[Path, list[tuple[str, bool, int]]]]:
+    return {
+        name: (path, list(_imports(ast.parse(path.read_text()))))
+        for name, path in _modules().items()
+    }
+
+
+def test_heavy_libraries_are_imported_only_where_allowed() -> None:
+    bad = []
+    for path, imports in _parsed().values():
+        rel = path.relative_to(ROOT).as_posix()
+        for module, _, line in imports:
+            lib = module.split(".")[0]
+            if lib in ALLOWED and not rel.startswith(ALLOWED[lib]):
+                bad.append(f"miniflex/{rel}:{line} imports {module} (allowed in: {ALLOWED[lib]})")
+    assert not bad, "forbidden imports:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_a_vllm_worker_does_not_import_numba() -> None:
+    """Follow the module-level imports from the connector; none of them may import numba
+    at module level (``index/_kernels.py`` is imported inside the function that compiles)."""
+    parsed = _parsed()
+    seen, todo, via = set(), [WORKER_ENTRY], {WORKER_ENTRY: WORKER_ENTRY}
+    bad = []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in parsed:
+            continue
+        seen.add(name)
+        path, imports = parsed[name]
+        for module, top, line in imports:
+            if not top:
+                continue
+            if module.split(".")[0] == "numba":
+                rel = path.relative_to(ROOT.parent).as_posix()
+                bad.append(f"{rel}:{line} imports {module} at module level (via {via[name]})")
+            parts = module.split(".")
+            for i in range(1, len(parts) + 1):  # a package's __init__ runs first
+                parent = ".".join(parts[:i])
+                if parent in parsed and parent not in seen:
+                    via.setdefault(parent, f"{via[name]} -> {parent}")
+                    todo.append(parent)
+    assert WORKER_ENTRY in seen and "miniflex.index.hashindex" in seen
+    assert not bad, "numba is imported where a vLLM worker imports:\n" + "\n".join(bad)
