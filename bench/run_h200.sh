@@ -6,7 +6,7 @@
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
 #   bash bench/run_h200.sh PART OUT_DIR
-#   PART: ttft | burst | overflow | mixed | overhead | multiturn | ssd | all
+#   PART: ttft | burst | overflow | mixed | overhead | multiturn | ssd | remote | all
 #
 # Engines run as users run them: torch.compile and CUDA graphs (vLLM's default,
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
@@ -25,6 +25,12 @@
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
 # with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
+# remote (bench/remote_share.py): two engines on the GPU, one after the other, and one
+# redis-server on the same machine; engine A computes 8k and 30k-token prompts, engine B serves
+# them through the store, against recompute and its own CPU-tier hit, into
+# OUT_DIR/remote/h200.json. The machine has no redis-server: stage it here with
+# `bash bench/stage_redis.sh` (.redisstage, 16 MB; carry it and copy it to /tmp/redisstage),
+# or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
 # commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
 # arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
@@ -32,9 +38,9 @@
 # importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
 # after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|burst|overflow|mixed|overhead|multiturn|ssd|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|burst|overflow|mixed|overhead|multiturn|ssd|remote|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|burst|overflow|mixed|overhead|multiturn|ssd|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|burst|overflow|mixed|overhead|multiturn|ssd|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -109,9 +115,30 @@ case "$PART" in
     # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
     CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
       --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/h200-ssd-resident.json" ;;
+  remote)  # 2100 blocks = 33,600 tokens: a 30k prompt fits; 12 GiB of CPU tier holds one
+    # (4.4 GB); the store holds all six prompts (26 GB of KV)
+    STAGE="${REDIS_STAGE:-/tmp/redisstage}"
+    if [ -z "${REMOTE_URL:-}" ] && [ -f "$STAGE/env.sh" ]; then source "$STAGE/env.sh"; fi
+    if [ -z "${REMOTE_URL:-}" ] && ! command -v redis-server >/dev/null; then
+      echo "[run_h200] no redis-server: bash bench/stage_redis.sh here, copy it to $STAGE" >&2
+      exit 2
+    fi
+    mkdir -p "$OUT/remote"
+    echo "[run_h200] $(date +%T) remote: python -m bench.remote_share"
+    timeout -s INT -k 60 "$LIMIT_S" "$PY" -m bench.remote_share \
+      --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16 \
+      --gpu-blocks 2100 --prompt-tokens 8192,30000 --repeat 3 --cpu-bytes 12GiB \
+      --server-memory 40gb ${REMOTE_URL:+--url "$REMOTE_URL"} --json "$OUT/remote/h200.json" \
+      "${EXTRA[@]}" > "$OUT/remote.txt" 2> "$OUT/remote.log"
+    rc=$?
+    grep '^\[remote_share' "$OUT/remote.log" | tail -n 20
+    tail -n 8 "$OUT/remote.txt"
+    if [ "$rc" -ne 0 ]; then tail -n 40 "$OUT/remote.log"; fi
+    echo "[run_h200] $(date +%T) remote done (status $rc)"
+    exit "$rc" ;;
   all)
     status=0
-    for p in ttft burst overflow mixed overhead multiturn ssd; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
+    for p in ttft burst overflow mixed overhead multiturn ssd remote; do bash "${BASH_SOURCE[0]}" "$p" "$OUT" || status=1; done
     exit "$status" ;;
   *)
     echo "$USAGE" >&2

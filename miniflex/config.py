@@ -92,6 +92,9 @@ class MiniFlexConfig:
     remote_tls_key_file: str | None = field(default=_SPECS["remote_tls_key_file"].default)
     remote_timeout_s: float = field(default=_SPECS["remote_timeout_s"].default)
     remote_retry_s: float = field(default=_SPECS["remote_retry_s"].default)
+    remote_write: str = field(default=_SPECS["remote_write"].default)
+    remote_write_backlog: int = field(default=_SPECS["remote_write_backlog"].default)
+    remote_read_gbps: float | None = field(default=_SPECS["remote_read_gbps"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -171,12 +174,14 @@ def hash_seed_set(env: Mapping[str, str] | None = None) -> bool:
 def serve_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``miniflex serve`` starts vLLM with.
 
-    With an SSD tier configured, ``PYTHONHASHSEED`` defaults to ``0`` so that
-    vLLM's block hashes, and so MiniFlex's chunk keys, are the same after a
-    restart and the chunks on SSD are found again.
+    With an SSD or remote tier configured, ``PYTHONHASHSEED`` defaults to ``0``
+    so that vLLM's block hashes, and so MiniFlex's chunk keys, are the same
+    after a restart and in every replica: chunks on SSD and in the shared store
+    are found again.
     """
     out = dict(os.environ if env is None else env)
-    if out.get(ENV_PREFIX + "SSD_DIRS") and not hash_seed_set(out):
+    shared = out.get(ENV_PREFIX + "SSD_DIRS") or out.get(ENV_PREFIX + "REMOTE_URL")
+    if shared and not hash_seed_set(out):
         out["PYTHONHASHSEED"] = "0"
     return out
 

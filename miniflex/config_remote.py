@@ -23,11 +23,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from miniflex.config_parse import parse_size
 from miniflex.errors import ConfigError
 
 __all__ = [
     "REMOTE_SCHEMES",
     "REMOTE_SPECS",
+    "REMOTE_WRITES",
     "TLS_SCHEMES",
     "check_remote",
     "read_password",
@@ -38,6 +40,8 @@ REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 """URL schemes of ``remote_url``: Redis or Valkey over TCP, TLS (``rediss``, ``valkeys``), or
 a Unix socket."""
 TLS_SCHEMES = ("rediss", "valkeys")
+REMOTE_WRITES = ("through", "back", "off")
+"""Values of ``remote_write``."""
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _URL_HELP = (
@@ -127,6 +131,31 @@ def _parse_bool(key: str, value: object) -> bool:
     raise ConfigError(key, value, "expected true or false")
 
 
+def _parse_write(key: str, value: object) -> str:
+    if value not in REMOTE_WRITES:
+        raise ConfigError(key, value, f"expected one of {', '.join(REMOTE_WRITES)}")
+    return str(value)
+
+
+def _parse_backlog(key: str, value: object) -> int:
+    n = parse_size(key, value)
+    if n <= 0:
+        raise ConfigError(key, value, "expected a positive size such as '1GiB'")
+    return n
+
+
+def _parse_gbps(key: str, value: object) -> float | None:
+    if value is None or value in ("", "auto"):
+        return None
+    try:
+        x = float(value) if isinstance(value, (int, float, str)) and value is not True else None
+    except ValueError:
+        x = None
+    if x is None or not x > 0:
+        raise ConfigError(key, value, "expected 'auto' or a positive number of GB/s")
+    return x
+
+
 def read_password(path: str) -> str:
     """The password in ``path``: its text without the trailing newline; ConfigError if empty."""
     try:
@@ -146,7 +175,7 @@ REMOTE_SPECS: dict[str, Spec] = {
         "The shared remote tier's store: `redis://HOST:PORT[/DB]` (Redis or Valkey), "
         "`rediss://` for TLS, or `unix:///PATH`. Empty: no remote tier. Credentials go in "
         "`remote_user` and `remote_password` or `remote_password_file`, never in the URL. "
-        "Not yet used by the connector: only the store side exists (docs/design.md).",
+        "A local miss looks the store up; a hit is fetched into a CPU slot (docs/design.md).",
         "",
     ),
     "remote_user": (
@@ -209,6 +238,33 @@ REMOTE_SPECS: dict[str, Spec] = {
         "Bound on each connect, send and receive of a call to the remote store; a call "
         "that exceeds it fails (counted), it is never retried in place.",
         "1.0",
+    ),
+    "remote_write": (
+        _parse_write,
+        "through",
+        "How chunks reach the remote store. `through`: every chunk stored in the CPU tier is "
+        "also put to the store, asynchronously (a copy queued for a thread of its own), unless "
+        "the store holds it already, so the fleet shares a prompt as soon as one replica "
+        "computed it. `back`: a chunk is put when the CPU tier evicts it (copied before its "
+        "slot is reused), so the store holds what this replica no longer does and a prompt "
+        "is shared only once evicted. `off`: this replica only reads.",
+        "through",
+    ),
+    "remote_write_backlog": (
+        _parse_backlog,
+        1 << 30,
+        "Write-through: chunk copies waiting for their put, at most, per TP rank. A chunk "
+        "stored while this much waits (a store slower than the engine's prefill, or one that "
+        "is down) is not put, and counted; a prompt's head is queued before its tail, so the "
+        "store keeps a prefix.",
+        "1GiB",
+    ),
+    "remote_read_gbps": (
+        _parse_gbps,
+        None,
+        "Cost model: remote store -> CPU pool fetch bandwidth in GB/s. `auto`: measured at "
+        "start-up (each worker puts and fetches back one chunk), then learned from fetches.",
+        "auto",
     ),
     "remote_retry_s": (
         lambda k, v: _parse_seconds(k, v, 0.0, 3600.0),

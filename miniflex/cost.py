@@ -10,6 +10,7 @@ computes the rest) predicts::
 
     load(CPU) = chunk_bytes / bandwidth[CPU]                  (CPU -> vLLM's cache)
     load(SSD) = chunk_bytes / bandwidth[SSD] + load(CPU)      (read, then the same copy)
+    load(REMOTE) = chunk_bytes / bandwidth[REMOTE] + load(CPU) (fetch, then the same copy)
 
     prefill(n, ctx) = step + per_token * n + per_pair * n * (ctx + n / 2)
 
@@ -131,12 +132,13 @@ class CostModel:
         self.num_layers = max(1, num_layers)
         self.step_seconds: float | None = None  # moving average of observed step times
         self.chunk_tokens = chunk_tokens
-        self.bandwidth = {Tier.CPU: 10e9, Tier.SSD: 1e9, **(bandwidth or {})}
+        self.bandwidth = {Tier.CPU: 10e9, Tier.SSD: 1e9, Tier.REMOTE: 1e9, **(bandwidth or {})}
         self.layerwise_bandwidth: float | None = None  # learned from layerwise loads
         self._fixed_bw = fixed_bandwidth
         self.ssd_measured = Tier.SSD in fixed_bandwidth
         """Whether the SSD read bandwidth is known (configured, probed or seen in reads),
         not the default guess."""
+        self._measured = {Tier.SSD} | set(fixed_bandwidth)  # first reads replace the guess
         self._fixed_prefill = prefill is not None
         self.prefill = prefill
         self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=WINDOW)
@@ -228,6 +230,9 @@ class CostModel:
         old = self.bandwidth[tier]
         if tier is Tier.SSD and not self.ssd_measured:
             old, self.ssd_measured = nbytes / seconds, True  # the first read replaces the guess
+        elif tier is Tier.REMOTE and tier not in self._measured:
+            old = nbytes / seconds
+            self._measured.add(tier)
         self.bandwidth[tier] = (1 - EWMA) * old + EWMA * (nbytes / seconds)
 
     def start_ssd_from_probe(self, read_bps: float) -> None:
@@ -236,6 +241,14 @@ class CostModel:
             return
         self.bandwidth[Tier.SSD] = read_bps
         self.ssd_measured = True
+
+    def start_remote_from_probe(self, fetch_bps: float) -> None:
+        """The remote store's fetch speed as measured at start-up (unless
+        ``remote_read_gbps`` fixes it)."""
+        if Tier.REMOTE in self._fixed_bw or fetch_bps <= 0:
+            return
+        self.bandwidth[Tier.REMOTE] = fetch_bps
+        self._measured.add(Tier.REMOTE)
 
     def ssd_chunk_seconds(self) -> float | None:
         """Loading one chunk from SSD (read, then the copy into vLLM's cache); None while the
@@ -298,9 +311,13 @@ def make_cost_model(
     config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int, num_layers: int = 1
 ) -> CostModel:
     """The model with the overrides of ``config`` (``cpu_load_gbps``, ``ssd_read_gbps``,
-    ``prefill_tokens_per_s``) fixed and everything else learned."""
+    ``remote_read_gbps``, ``prefill_tokens_per_s``) fixed and everything else learned."""
     bandwidth, fixed = {}, set()
-    for tier, gbps in ((Tier.CPU, config.cpu_load_gbps), (Tier.SSD, config.ssd_read_gbps)):
+    for tier, gbps in (
+        (Tier.CPU, config.cpu_load_gbps),
+        (Tier.SSD, config.ssd_read_gbps),
+        (Tier.REMOTE, config.remote_read_gbps),
+    ):
         if gbps is not None:
             bandwidth[tier] = gbps * 1e9
             fixed.add(tier)

@@ -98,6 +98,11 @@ def inspect_status(path: str | Path) -> str:
             f"  prefill: {1e3 * prefill['step_s']:.2f} ms + {1e6 * prefill['per_token_s']:.2f} "
             f"us/token + {1e9 * prefill['per_pair_s']:.3f} ns per query-key pair"
         )
+    remote = s.get("remote")
+    if remote:
+        state = "down" if remote["down"] else "up"
+        detail = ", ".join(f"{k} {v}" for k, v in remote.items() if k not in ("url", "down"))
+        lines += ["", f"remote store {remote['url']}: {state}; {detail}"]
     totals = s.get("totals", {})
     if totals:
         lines += ["", format_table([{"counter": k, "total": v} for k, v in totals.items()])]

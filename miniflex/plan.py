@@ -25,6 +25,7 @@ __all__ = [
     "JobResult",
     "LoadProbe",
     "LoadTiming",
+    "RemoteCopy",
     "SlotCopy",
     "TransferJob",
     "TransferPlan",
@@ -75,6 +76,20 @@ class SlotCopy:
 
 
 @dataclass(frozen=True)
+class RemoteCopy:
+    """One chunk copied between CPU slot ``cpu`` and the remote store (``remote_url``).
+
+    In a LOAD job a fetch (the store's value of ``key`` read into the slot before
+    the GPU copy); in a STORE job a put (the slot's bytes written to the store
+    after the GPU->CPU copy, asynchronously: the job's result never waits for it).
+    Each rank reads and writes its own shard's namespace.
+    """
+
+    key: ChunkKey
+    cpu: SlotId
+
+
+@dataclass(frozen=True)
 class ChunkMove:
     """One chunk: a tier slot and the vLLM blocks it maps to, in token order.
 
@@ -104,6 +119,15 @@ class TransferJob:
     """LOAD: promotions done first; DEMOTE: the writes to SSD."""
     timing: LoadTiming = LoadTiming.ASYNC
     """LOAD: when it runs (see :class:`LoadTiming`); other kinds are always ASYNC."""
+    remote: tuple[RemoteCopy, ...] = ()
+    """LOAD: fetches from the remote store, done first (with ``ssd``); STORE: puts after it."""
+
+    @property
+    def reads(self) -> tuple[SlotCopy | RemoteCopy, ...]:
+        """LOAD: the chunks read into CPU slots before the GPU copy (SSD and remote)."""
+        if self.kind is not JobKind.LOAD:
+            return ()
+        return (*self.ssd, *self.remote)
 
     @property
     def synchronous(self) -> bool:
@@ -154,6 +178,8 @@ class JobResult:
     """The SSD I/O backend (``io_uring``, ``threads``) if the job touched SSD."""
     ssd_seconds: float = 0.0
     """LOAD: the part of ``seconds`` spent reading promotions from SSD."""
+    remote_seconds: float = 0.0
+    """LOAD: the part of ``seconds`` spent fetching chunks from the remote store."""
 
 
 @dataclass(frozen=True)
@@ -171,3 +197,6 @@ class LoadProbe:
     ssd_read_bps: float | None = None
     """Bytes/s this worker's SSD tier read chunks back at (:mod:`miniflex.ssd.read_probe`);
     None: no SSD tier, or the probe could not run."""
+    remote_read_bps: float | None = None
+    """Bytes/s this worker fetched chunks from the remote store at (:mod:`miniflex.remote.probe`);
+    None: no remote tier, or the store could not be reached."""

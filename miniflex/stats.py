@@ -44,6 +44,9 @@ class TransferStats:
     ssd_write_failures: int = 0  # disk full or I/O error: the chunk is not kept on SSD
     cost_decisions: int = 0  # loads decided by the calibrated cost model
     ssd_chunks_recomputed: int = 0  # resident on SSD, recomputed because that was faster
+    remote_fetched_chunks: int = 0  # read remote store -> CPU for a load
+    remote_read_failures: int = 0  # missing, unreachable or corrupt on fetch: recomputed
+    remote_puts: int = 0  # chunks handed to the workers' write-through to the remote store
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
     ttft_actual_s: float = 0.0
@@ -73,6 +76,9 @@ class TransferStats:
         "ssd_write_failures",
         "cost_decisions",
         "ssd_chunks_recomputed",
+        "remote_fetched_chunks",
+        "remote_read_failures",
+        "remote_puts",
         "ttft_samples",
         "ttft_predicted_s",
         "ttft_actual_s",

@@ -25,3 +25,5 @@ class Tier(enum.IntEnum):
 
     CPU = 1
     SSD = 2
+    REMOTE = 3
+    """The store shared by a fleet (``remote_url``): never indexed locally, asked per lookup."""

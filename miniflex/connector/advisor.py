@@ -59,7 +59,7 @@ class HitAdvisor:
     ) -> tuple[int, LoadTiming, Decision | None]:
         """How many of the resident chunks (in ``tiers``) of request ``st`` to load, by
         ``hit_policy``, how (by ``load_mode``), and the cost model's decision where it made
-        one. ``ssd``: the engine has an SSD tier. Reads ``st``, never writes it."""
+        one. ``ssd``: the engine has an SSD or remote tier. Reads ``st``, never writes it."""
         mode = self.config.load_mode
         layerwise = False
         decision = None
@@ -148,15 +148,23 @@ class HitAdvisor:
             disks = [p.ssd_read_bps for p in probes if p.ssd_read_bps]
             if disks:
                 self.cost.start_ssd_from_probe(min(disks))
+            stores = [p.remote_read_bps for p in probes if p.remote_read_bps]
+            if stores:
+                self.cost.start_remote_from_probe(min(stores))
 
-    def observe_load(self, timing: LoadTiming, promoted: int, r: JobResult) -> None:
-        """A worker's load result; ``promoted``: chunks it read from SSD without failing."""
+    def observe_load(
+        self, timing: LoadTiming, promoted: int, r: JobResult, fetched: int = 0
+    ) -> None:
+        """A worker's load result; ``promoted``, ``fetched``: chunks it read from SSD and from
+        the remote store without failing."""
         if timing is not LoadTiming.ASYNC:  # in-step: timed from issue, with compute
             self.cost.observe_layerwise(r.num_bytes, r.seconds)
             return
         if promoted > 0 and r.ssd_seconds > 0:
             self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
-        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds)
+        if fetched > 0 and r.remote_seconds > 0:
+            self.cost.observe_load(Tier.REMOTE, fetched * self.cost.chunk_bytes, r.remote_seconds)
+        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds - r.remote_seconds)
 
     def on_step_times(
         self,

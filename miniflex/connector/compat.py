@@ -76,6 +76,7 @@ _ORDER_BY_NAME = {
 _SOURCE_OF_TIER: dict[Tier | None, str] = {
     Tier.CPU: "host",
     Tier.SSD: "disk",
+    Tier.REMOTE: "external_unspecified",  # vLLM's source for a remote store
     None: "external_unspecified",  # promised, but no tier holds it any more: recomputed
 }
 

@@ -35,6 +35,7 @@ from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
+from miniflex.connector.remote_tier import WorkerRemote
 from miniflex.connector.scheduler_side import start_manager
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
@@ -115,7 +116,13 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self._live = LiveState(self.config.status_file)
             self._live.start(self._manager.status())
         else:
-            self._handler = MiniFlexHandler(self.config)
+            rank = compat.tp_rank()
+            remote = (  # checked before vLLM allocates anything
+                WorkerRemote.open(self.config, self.ns.shard(rank).digest)
+                if self.placement.writes(rank)
+                else None
+            )
+            self._handler = MiniFlexHandler(self.config, remote)
 
     # ---------------- worker side ----------------
     @property
@@ -226,6 +233,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self._handler.shutdown()
         if self._manager is not None:
             self._report_scheduler_hooks()
+            if self._manager.remote is not None:
+                self._manager.remote.close()
         if self._live is not None:
             self._live.close(self.manager.status())  # the final state
 

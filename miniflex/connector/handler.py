@@ -49,15 +49,15 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import replace
 
 import torch
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.hook_clock import ThreadClock
 from miniflex.connector.job_runner import Promoted, execute, failed_result
-from miniflex.connector.probe import probe_loads
+from miniflex.connector.probe import probe_rank
 from miniflex.connector.promotions import Promoter
+from miniflex.connector.remote_tier import WorkerRemote
 from miniflex.connector.step_loads import StepLoads
 from miniflex.connector.step_timer import StepTimer
 from miniflex.gpu import pinning
@@ -86,8 +86,10 @@ _GROUPS = {
 class MiniFlexHandler:
     """Worker-side MiniFlex for one rank; call ``register`` before anything else."""
 
-    def __init__(self, config: MiniFlexConfig) -> None:
+    def __init__(self, config: MiniFlexConfig, remote: WorkerRemote | None = None) -> None:
+        """``remote``: this rank's remote tier, opened and checked (None: no ``remote_url``)."""
         self.config = config
+        self._remote = remote
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None  # loads (the load thread and in-step loads)
@@ -136,16 +138,15 @@ class MiniFlexHandler:
             )
         self._writes = setup.writes
         shared = self._pool if isinstance(self._pool, SharedPool) else None
-        self._promoter = Promoter(self._ssd, shared, setup.writes)
+        fetcher = self._remote.bind(self._pool) if self._remote is not None else None
+        self._promoter = Promoter(self._ssd, shared, setup.writes, fetcher)
         self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         self._store_mover = make_mover(self.config, self.layout, kv_caches, self._pool)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
-        self._probe = probe_loads(self._mover, self.layout, num_slots)
-        if self._probe is not None and self._ssd is not None:
-            self._probe = replace(self._probe, ssd_read_bps=self._ssd.probe_read())
+        self._probe = probe_rank(self._mover, self.layout, num_slots, self._ssd, self._remote)
         for name, q in (
             ("miniflex-load", self._queue),
             ("miniflex-store", self._store_queue),
@@ -218,10 +219,10 @@ class MiniFlexHandler:
             self._pending.setdefault(job.req_id, []).append(fut)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 with self._lock:
-                    self._demoting.update((c.cpu, fut) for c in job.ssd)
+                    self._demoting.update((c.cpu, fut) for c in (*job.ssd, *job.remote))
                 self._ssd_queue.put((job, fence, fut, None))
-            elif job.ssd:  # promotions: read into slots once written back, then copy
-                self._queue_after_writes((job, fence, fut, None), {c.cpu for c in job.ssd})
+            elif job.reads:  # promotions, fetches: read into slots once written back, then copy
+                self._queue_after_writes((job, fence, fut, None), {c.cpu for c in job.reads})
             elif job.kind is JobKind.STORE:
                 self._queue_after_writes((job, fence, fut, None), {c.slot for c in job.chunks})
             else:
@@ -231,7 +232,7 @@ class MiniFlexHandler:
         """Queue a job that overwrites CPU ``slots`` (a store, or a load's promotions) once
         they are written to SSD (at once if none is being written): promotions for the read
         thread, stores for the store thread."""
-        target = self._read_queue if item[0].ssd else self._store_queue
+        target = self._read_queue if item[0].reads else self._store_queue
         with self._lock:
             waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
         if not waits:
@@ -303,13 +304,16 @@ class MiniFlexHandler:
         while (item := jobs.get()) is not None:
             job, fence, fut, promoted = item
             cpu = time.thread_time()
-            if job.kind is JobKind.LOAD and job.ssd and promoted is None:
+            if job.reads and promoted is None:
                 self._promote(item)  # on the read thread
             else:
                 mover = self._store_mover if job.kind is JobKind.STORE else self._mover
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
-                fut.set_result(execute(job, fence, promoted, mover, ssd, self._writes))
+                res = execute(job, fence, promoted, mover, ssd, self._writes)
+                if self._remote is not None and self._writes:
+                    self._remote.finished(job, res)  # puts: copied before the slot is reused
+                fut.set_result(res)
             self._cpu.add(time.thread_time() - cpu)
 
     def _io_name(self, job: TransferJob) -> str:
@@ -325,7 +329,7 @@ class MiniFlexHandler:
         job, fence, fut, _ = item
         t0 = time.perf_counter()
         try:
-            promoted = self._promoter.promote(job.job_id, job.ssd)
+            promoted = self._promoter.promote(job.job_id, job.ssd, job.remote)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
             fut.set_result(failed_result(job, exc, t0, self._io_name(job)))
             return
@@ -386,3 +390,6 @@ class MiniFlexHandler:
         if self._ssd is not None:
             self._ssd.close()
             self._ssd = None
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None

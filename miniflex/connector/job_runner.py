@@ -22,8 +22,9 @@ __all__ = ["Promoted", "execute", "failed_result"]
 
 logger = logging.getLogger("miniflex.handler")
 
-Promoted = tuple[set[ChunkKey], float]
-"""A load's SSD reads, done before its copies: keys that failed, seconds they took."""
+Promoted = tuple[set[ChunkKey], float, float]
+"""A load's reads, done before its copies: keys that failed, seconds of the SSD reads and of
+the remote fetches."""
 
 
 def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:
@@ -46,7 +47,7 @@ def execute(
     """Run a job; a load's SSD reads were done before (``promoted``)."""
     t0 = time.perf_counter()
     io = ssd.backend if ssd is not None and job.ssd else ""
-    ssd_seconds = 0.0
+    ssd_seconds = remote_seconds = 0.0
     try:
         failed_keys: set[ChunkKey] = set()
         failed_blocks: list[BlockId] = list(job.unavailable)
@@ -54,15 +55,15 @@ def execute(
         if job.kind is JobKind.LOAD:
             chunks = job.chunks
             if promoted is not None:
-                failed_keys, ssd_seconds = promoted
-                t0 -= ssd_seconds  # the read, not the waits before or after it
-                bad = {c.cpu for c in job.ssd if c.key in failed_keys}
+                failed_keys, ssd_seconds, remote_seconds = promoted
+                t0 -= ssd_seconds + remote_seconds  # the reads, not the waits around them
+                bad = {c.cpu for c in job.reads if c.key in failed_keys}
                 chunks = tuple(c for c in chunks if c.slot not in bad)
                 failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
             moved = mover.load(chunks, after=fence)
         elif job.kind is JobKind.STORE and writes:
             moved = mover.store(job.chunks, after=fence)
-        elif job.kind is JobKind.DEMOTE and writes:
+        elif job.kind is JobKind.DEMOTE and writes and job.ssd:
             failed_keys = _copier(ssd).demote(job.ssd)
             moved = (len(job.ssd) - len(failed_keys)) * _copier(ssd).store.slot_bytes
         elif job.kind is JobKind.CLEAR and ssd is not None:
@@ -80,6 +81,7 @@ def execute(
         tuple(failed_keys),
         io,
         ssd_seconds,
+        remote_seconds,
     )
 
 

@@ -6,9 +6,12 @@ what the job prepared (:meth:`JobRecord.commit`, the second phase of the
 tiers' two-phase ``prepare_*``/``complete_*``):
 
 - :class:`LoadRecord`: unpins the chunks it loaded, publishes the ones it promoted
-  from SSD, drops the ones that failed, and credits the request's hits;
-- :class:`StoreRecord`: publishes the chunks it stored (or frees their slots);
-- :class:`DemoteRecord`: frees the CPU slots of chunks written to SSD;
+  from SSD or fetched from the remote store, drops the ones that failed, and
+  credits the request's hits;
+- :class:`StoreRecord`: publishes the chunks it stored (or frees their slots); its
+  remote puts (``remote_write=through``) are the workers' own, never committed;
+- :class:`DemoteRecord`: frees the CPU slots of chunks written to SSD (a DEMOTE of
+  remote puts alone, ``remote_write=back``, has nothing to commit);
 - :class:`ClearRecord`: a reset of the SSD stores, nothing to commit.
 
 :class:`JobTable` numbers the jobs and holds the records until they are committed.
@@ -24,7 +27,17 @@ from miniflex.connector.advisor import HitAdvisor
 from miniflex.connector.hits import credit, served_by_tier
 from miniflex.connector.requests import PendingLoad, ReqState
 from miniflex.keys import Namespace
-from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, LoadTiming, SlotCopy, TransferJob
+from miniflex.plan import (
+    ChunkMove,
+    JobId,
+    JobKind,
+    JobResult,
+    LoadTiming,
+    RemoteCopy,
+    SlotCopy,
+    TransferJob,
+)
+from miniflex.remote.lookup import RemoteLookup
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, TierStack
 from miniflex.types import BlockId, ChunkKey, SlotId, Tier
@@ -42,12 +55,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CommitContext:
-    """What a record's report and commit act on (``stats``: the current interval's)."""
+    """What a record's report and commit act on (``stats``: the current interval's;
+    ``remote``: the remote tier's lookup, None without ``remote_url``)."""
 
     ns: Namespace
     tiers: TierStack
     stats: TransferStats
     advisor: HitAdvisor
+    remote: RemoteLookup | None = None
 
 
 @dataclass
@@ -94,7 +109,8 @@ class LoadRecord(JobRecord):
     def plan(
         cls, job_id: JobId, st: ReqState, load: PendingLoad, ns: Namespace, num_workers: int
     ) -> LoadRecord:
-        """The LOAD of ``load`` into the request's blocks, with the promotions it needs."""
+        """The LOAD of ``load`` into the request's blocks, with the promotions and remote
+        fetches it needs."""
         bs, bpc = ns.block_size, ns.blocks_per_chunk
         b0, b1 = load.first_token // bs, (load.first_token + load.num_tokens) // bs
         chunks: list[ChunkMove] = []
@@ -113,7 +129,9 @@ class LoadRecord(JobRecord):
             else:
                 chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
         promotions = tuple(SlotCopy(s.key, s.cpu, s.ssd) for s in load.sources if s.ssd is not None)
-        assert not (promotions and load.timing is not LoadTiming.ASYNC), "SSD reads load async"
+        fetches = tuple(RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote)
+        reads = promotions or fetches
+        assert not (reads and load.timing is not LoadTiming.ASYNC), "SSD, remote reads load async"
         job = TransferJob(
             job_id,
             st.req_id,
@@ -122,12 +140,15 @@ class LoadRecord(JobRecord):
             unavailable=tuple(unavailable),
             ssd=promotions,
             timing=load.timing,
+            remote=fetches,
         )
         return cls(job, num_workers, sources=list(load.sources), block_tiers=block_tiers)
 
     def observe(self, r: JobResult, ctx: CommitContext) -> None:
-        promoted = sum(1 for c in self.sources if c.ssd is not None) - len(r.failed_keys)
-        ctx.advisor.observe_load(self.job.timing, promoted, r)
+        bad = set(r.failed_keys)
+        promoted = sum(1 for c in self.sources if c.ssd is not None and c.key not in bad)
+        fetched = sum(1 for c in self.sources if c.remote and c.key not in bad)
+        ctx.advisor.observe_load(self.job.timing, promoted, r, fetched)
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
         served = self._publish(ctx)
@@ -149,10 +170,7 @@ class LoadRecord(JobRecord):
     def _publish(self, ctx: CommitContext) -> dict[str, int]:
         """Unpin and publish the chunks; returns the tokens vLLM won't recompute, per tier."""
         ctx.tiers.release(self.sources, self.ok, self.failed_keys)
-        ctx.stats.ssd_read_failures += len(self.failed_keys)
-        ctx.stats.promoted_chunks += sum(
-            1 for s in self.sources if s.ssd is not None and s.key not in self.failed_keys
-        )
+        self._count_reads(ctx)
         if not self.ok:
             return {}
         # vLLM recomputes from the first block that failed (or was unavailable) on.
@@ -162,6 +180,19 @@ class LoadRecord(JobRecord):
         served = served_by_tier(self.block_tiers[:good], ctx.ns.block_size)
         ctx.stats.hit_tokens.update(served)
         return served
+
+    def _count_reads(self, ctx: CommitContext) -> None:
+        """Count the chunks read from SSD and fetched from the remote store, and the failures."""
+        for s in self.sources:
+            bad = s.key in self.failed_keys
+            if s.ssd is not None:
+                ctx.stats.ssd_read_failures += bad
+                ctx.stats.promoted_chunks += not bad
+            elif s.remote:
+                ctx.stats.remote_read_failures += bad
+                ctx.stats.remote_fetched_chunks += not bad
+                if bad and ctx.remote is not None:  # ask the store again, not the old answer
+                    ctx.remote.forget(self.job.req_id)
 
     def _restore_stores(self, st: ReqState, blocks_per_chunk: int) -> None:
         """vLLM recomputes a load's blocks from the first failed one on: store them again
@@ -188,15 +219,18 @@ class StoreRecord(JobRecord):
         placed: list[tuple[ChunkKey, SlotId]],
         ns: Namespace,
         num_workers: int,
+        puts: bool = False,
     ) -> StoreRecord:
-        """The STORE of the request's chunks ``placed`` (keys from ``keys``) into CPU slots."""
+        """The STORE of the request's chunks ``placed`` (keys from ``keys``) into CPU slots;
+        ``puts``: the workers also put them to the remote store (``remote_write=through``)."""
         index = {k: i for i, k in enumerate(keys)}
         bpc = ns.blocks_per_chunk
         chunks = [
             ChunkMove(slot, tuple(st.block_ids[index[k] * bpc : (index[k] + 1) * bpc]))
             for k, slot in placed
         ]
-        job = TransferJob(job_id, st.req_id, JobKind.STORE, tuple(chunks))
+        remote = tuple(RemoteCopy(k, slot) for k, slot in placed) if puts else ()
+        job = TransferJob(job_id, st.req_id, JobKind.STORE, tuple(chunks), remote=remote)
         return cls(job, num_workers, placed=placed)
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
@@ -217,10 +251,24 @@ class DemoteRecord(JobRecord):
 
     copies: list[SlotCopy] = field(default_factory=list)
 
+    @classmethod
+    def plan(
+        cls,
+        job_id: JobId,
+        copies: Sequence[SlotCopy],
+        puts: Sequence[RemoteCopy],
+        num_workers: int,
+    ) -> DemoteRecord:
+        """A DEMOTE of no request: the CPU->SSD ``copies`` and the remote ``puts``."""
+        job = TransferJob(job_id, None, JobKind.DEMOTE, (), ssd=tuple(copies), remote=tuple(puts))
+        return cls(job, num_workers, copies=list(copies))
+
     def observe(self, r: JobResult, ctx: CommitContext) -> None:
         ctx.tiers.observe_writes(len(self.copies), r.seconds)
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
+        if not self.copies:  # remote puts only: nothing to publish
+            return
         failed = self.failed_keys if self.ok else {c.key for c in self.copies}
         ctx.tiers.complete_demotions(self.copies, failed)
         ctx.stats.demoted_chunks += len(self.copies) - len(failed)
@@ -230,6 +278,10 @@ class DemoteRecord(JobRecord):
 @dataclass
 class ClearRecord(JobRecord):
     """A CLEAR: every worker rewrites its SSD journal empty; nothing to commit."""
+
+    @classmethod
+    def plan(cls, job_id: JobId, num_workers: int) -> ClearRecord:
+        return cls(TransferJob(job_id, None, JobKind.CLEAR, ()), num_workers)
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
         return None
@@ -247,8 +299,10 @@ class JobTable:
         job_id, self._next = JobId(self._next), self._next + 1
         return job_id
 
-    def add(self, record: JobRecord) -> None:
+    def add(self, record: JobRecord) -> TransferJob:
+        """Track ``record`` until every worker has reported it; returns its job."""
         self._records[record.job.job_id] = record
+        return record.job
 
     def get(self, job_id: JobId | None) -> JobRecord | None:
         return None if job_id is None else self._records.get(job_id)

@@ -2,11 +2,13 @@
 
 :class:`HitLookup` answers ``get_num_new_matched_tokens``: a prefix match of the
 request's chunk keys, starting after vLLM's own GPU hit, across the CPU and SSD
-tiers, and how much of it to load, and how (the
-:class:`~miniflex.connector.advisor.HitAdvisor`'s call). The answer is a frozen
-:class:`~miniflex.connector.hits.Hit`. It touches no tier: vLLM may ask
-several times. What it keeps on the request is its keys (built once, extended
-as the prompt grows) and when it began waiting for a chunk landing on SSD.
+tiers and then, with ``remote_url``, the remote store (asked for the chunks
+after the local run, :mod:`miniflex.remote.lookup`), and how much of it to load,
+and how (the :class:`~miniflex.connector.advisor.HitAdvisor`'s call). The answer
+is a frozen :class:`~miniflex.connector.hits.Hit`. It touches no tier: vLLM may
+ask several times. What it keeps on the request is its keys (built once,
+extended as the prompt grows) and when it began waiting for a chunk landing on
+SSD.
 
 Example::
 
@@ -30,6 +32,7 @@ from miniflex.cost import CostModel
 from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import LoadTiming
+from miniflex.remote.lookup import RemoteLookup
 from miniflex.tiers import TierStack
 from miniflex.types import ChunkKey, Tier
 
@@ -50,13 +53,16 @@ class HitLookup:
         cost: CostModel,
         graphs: GraphRule,
         load_mode: str,
+        remote: RemoteLookup | None = None,
     ) -> None:
+        """``remote``: the remote tier's lookup, asked after the local run (None: none)."""
         self.ns = ns
         self.tiers = tiers
         self.advisor = advisor
         self.cost = cost
         self.graphs = graphs
         self.load_mode = load_mode
+        self.remote = remote
 
     def keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
         """The request's chunk keys, extended (or cut back) to match its block hashes.
@@ -102,13 +108,17 @@ class HitLookup:
         tiers = self._residence(st, keys, start, matched)
         if self._wait_for_landing(st, keys, start + len(tiers)):
             return Hit(None, resident_by_tier=st.hit.resident_by_tier)
+        if self.remote is not None:  # the chunks after the local run that the store holds
+            ask = keys[start + len(tiers) : start + self.tiers.max_load_chunks]
+            tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
+            matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
-        if Tier.SSD in tiers:  # a load stages all its chunks in CPU slots at once
+        if any(t is not Tier.CPU for t in tiers):  # a load stages its chunks in CPU slots
             tiers = tiers[: self.tiers.max_load_chunks]
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:
-            has_ssd = self.tiers.ssd is not None
-            n, timing, decision = self.advisor.decide(st, tiers, num_tokens, num_computed, has_ssd)
+            slow = self.tiers.ssd is not None or self.remote is not None
+            n, timing, decision = self.advisor.decide(st, tiers, num_tokens, num_computed, slow)
         end = min((start + n) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed or (
             self.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)

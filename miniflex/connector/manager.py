@@ -10,9 +10,11 @@ and never touches KV bytes. Per engine step:
 2. ``on_alloc`` (from ``update_state_after_alloc``): pins the hit chunks and
    records the blocks vLLM allocated for them.
 3. ``build_plan`` (from ``build_connector_meta``): demotions (CPU->SSD writes
-   of chunks the CPU tier evicted), load jobs for step 2's requests (with the
-   SSD->CPU promotions they need), store jobs for chunks that this step
-   completes, releases.
+   of chunks the CPU tier evicted, and their remote puts with
+   ``remote_write=back``), load jobs for step 2's requests (with the SSD->CPU
+   promotions and remote fetches they need), store jobs for chunks that this
+   step completes (and their remote puts with ``remote_write=through``),
+   releases.
 4. ``on_results`` (from ``update_connector_output``): two-phase commits of the
    jobs the workers finished, one record type per job kind
    (:mod:`miniflex.connector.jobs`).
@@ -38,21 +40,16 @@ from miniflex.connector.jobs import (
 )
 from miniflex.connector.lookup import LANDING_WAIT_S, HitLookup
 from miniflex.connector.manager_status import manager_status
+from miniflex.connector.remote_puts import RemotePuts
 from miniflex.connector.requests import PendingLoad, ReqState, ScheduledReq
 from miniflex.connector.tier_setup import build_tiers
 from miniflex.cost import make_cost_model
 from miniflex.keys import Namespace
-from miniflex.plan import (
-    JobKind,
-    JobResult,
-    LoadProbe,
-    LoadTiming,
-    SlotCopy,
-    TransferJob,
-    TransferPlan,
-)
+from miniflex.plan import JobResult, LoadProbe, LoadTiming, TransferJob, TransferPlan
+from miniflex.remote.lookup import RemoteLookup
 from miniflex.stats import TransferStats
 from miniflex.tiers import SlotTier
+from miniflex.tiers.remote_fetch import acquire_for_load
 from miniflex.types import BlockId, ReqId
 
 __all__ = ["LANDING_WAIT_S", "MiniFlexManager", "ScheduledReq"]
@@ -74,21 +71,35 @@ class MiniFlexManager:
         step_tokens: int = 0,
         graphs: GraphRule = EAGER,
         max_model_len: int = 0,
+        remote: RemoteLookup | None = None,
     ) -> None:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
         ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown);
         ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them);
-        ``max_model_len``: the longest prompt (its last chunk costs most to recompute)."""
+        ``max_model_len``: the longest prompt (its last chunk costs most to recompute);
+        ``remote``: the remote tier's lookup (None: no ``remote_url``)."""
         self.config = config
         self.ns = ns
         self.graphs = graphs
         self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
+        self.remote = remote
+        self.puts = RemotePuts(config.remote_write if remote is not None else "off")
         self.tiers = build_tiers(
-            config, ns, self.cost, self.advisor, num_slots, ssd_slots, step_tokens, max_model_len
+            config,
+            ns,
+            self.cost,
+            self.advisor,
+            num_slots,
+            ssd_slots,
+            step_tokens,
+            max_model_len,
+            on_cpu_evict=self.puts.evicted if self.puts.mode == "back" else None,
         )
-        self._lookup = HitLookup(ns, self.tiers, self.advisor, self.cost, graphs, config.load_mode)
+        self._lookup = HitLookup(
+            ns, self.tiers, self.advisor, self.cost, graphs, config.load_mode, remote
+        )
         self.num_workers = num_workers
         self.jobs = JobTable(num_workers)
         self._reqs: dict[ReqId, ReqState] = {}
@@ -125,6 +136,8 @@ class MiniFlexManager:
     def _maybe_forget(self, st: ReqState) -> None:
         if st.finished and not st.busy:
             del self._reqs[st.req_id]
+            if self.remote is not None:
+                self.remote.forget(st.req_id)
 
     # ---- 1. lookup ----
     def lookup(
@@ -152,7 +165,10 @@ class MiniFlexManager:
             # Only chunks still in CPU load inside the step; one that another request's
             # promotion evicted since the lookup becomes a load error (recomputed).
             keys = keys[: self.cpu.match(st.key_array[first // ct : -(-end // ct)])]
-        st.load = PendingLoad(first, num_external, self.tiers.acquire(keys), timing)
+        fetch = self.remote is not None and timing is LoadTiming.ASYNC
+        st.load = PendingLoad(
+            first, num_external, acquire_for_load(self.tiers, keys, fetch), timing
+        )
         st.loaded_as = timing
         self.stats.load_timing[timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, timing.value)
@@ -179,7 +195,7 @@ class MiniFlexManager:
         jobs = ([demote] if demote else []) + loads + stores
         if self._clear_ssd:  # before everything: demotions of this plan follow the reset
             self._clear_ssd = False
-            jobs.insert(0, self._system_job(ClearRecord, JobKind.CLEAR, ()))
+            jobs.insert(0, self.jobs.add(ClearRecord.plan(self.jobs.next_id(), self.num_workers)))
         release, self._release = tuple(self._release), []
         in_step = any(j.synchronous for j in loads)
         self.advisor.end_step(self._step, timed=not in_step)
@@ -244,23 +260,10 @@ class MiniFlexManager:
         copies = self.tiers.take_demotions()
         self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
         self.stats.demotions_declined += self.tiers.take_declined_demotions()
-        if not copies:
+        puts = self.puts.take_back(self.stats)
+        if not (copies or puts):
             return None
-        return self._system_job(DemoteRecord, JobKind.DEMOTE, tuple(copies))
-
-    def _system_job(
-        self,
-        record: type[DemoteRecord] | type[ClearRecord],
-        kind: JobKind,
-        copies: tuple[SlotCopy, ...],
-    ) -> TransferJob:
-        """A job of no request (DEMOTE, CLEAR), tracked until every worker reports it."""
-        job = TransferJob(self.jobs.next_id(), None, kind, (), ssd=copies)
-        rec = record(job, self.num_workers)
-        if isinstance(rec, DemoteRecord):
-            rec.copies = list(copies)
-        self.jobs.add(rec)
-        return job
+        return self.jobs.add(DemoteRecord.plan(self.jobs.next_id(), copies, puts, self.num_workers))
 
     def _load_job(self, req_id: ReqId) -> TransferJob | None:
         st = self._reqs.get(req_id)
@@ -301,7 +304,10 @@ class MiniFlexManager:
         if not placed:
             return None
         st.stored_tokens += len(placed) * self.ns.chunk_tokens
-        rec = StoreRecord.plan(self.jobs.next_id(), st, keys, placed, self.ns, self.num_workers)
+        puts = self.puts.through(len(placed), self.stats)
+        rec = StoreRecord.plan(
+            self.jobs.next_id(), st, keys, placed, self.ns, self.num_workers, puts
+        )
         self.jobs.add(rec)
         st.store_jobs.add(rec.job.job_id)
         return rec.job
@@ -309,7 +315,7 @@ class MiniFlexManager:
     # ---- 4. completions ----
     def on_results(self, results: Iterable[JobResult]) -> None:
         """Commit jobs once every worker has reported them (two-phase)."""
-        ctx = CommitContext(self.ns, self.tiers, self.stats, self.advisor)
+        ctx = CommitContext(self.ns, self.tiers, self.stats, self.advisor, self.remote)
         for r in results:
             rec = self.jobs.report(r, ctx)
             if rec is None:
@@ -370,6 +376,7 @@ class MiniFlexManager:
         """Forget every chunk in every tier; the workers clear their SSD stores in plan order."""
         if self.ssd is not None:
             self._clear_ssd = True
+        self.puts.clear()
         return self.tiers.clear()
 
     def has_jobs(self) -> bool:
@@ -379,6 +386,7 @@ class MiniFlexManager:
             or self._release
             or self._clear_ssd
             or self.tiers.has_demotions()
+            or self.puts.pending
         )
 
     def has_pending_frees(self) -> bool:

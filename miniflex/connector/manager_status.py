@@ -30,6 +30,7 @@ def manager_status(m: MiniFlexManager) -> dict[str, Any]:
             for u in tiers
         ],
         "cost_model": _cost_model(m),
+        "remote": m.remote.status() if m.remote is not None else None,
         "requests_tracked": m.num_requests,
         "jobs_in_flight": len(m.jobs),
         "totals": TransferStats().merge(m.totals).merge(m.stats).as_counters(),

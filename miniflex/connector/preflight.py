@@ -13,7 +13,8 @@ line naming the setting, its value and the fix::
 What is checked: the model is a directory with a ``config.json`` (or a
 Hugging Face repo id); ``cpu_bytes`` holds one chunk of this model; the SSD
 tier's directories (:func:`~miniflex.ssd.preflight.check_ssd_tier`); the SSD
-I/O backend. Nothing here imports vLLM, so it runs in a second.
+I/O backend; the remote store's credentials. Nothing here imports vLLM, so it runs in a
+second.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from miniflex.config import MiniFlexConfig
+from miniflex.connector import remote_tier
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 from miniflex.model_shape import ModelShape
@@ -130,6 +132,8 @@ def check_before_start(
         per_rank = placement.per_store(config.ssd_bytes)
         found = check_ssd_tier(config.ssd_dirs, per_rank, slot, ranks=range(engine.tp_size))
         lines.append(f"{found.describe()}; I/O: {describe_backend(config.ssd_io)}")
+    if config.remote_url:
+        lines.append(remote_tier.check_store(config))
     return lines
 
 

@@ -7,19 +7,27 @@ for whole hits, where (on the H200) the layer-by-layer path is the slower one,
 and never tries the other. So each worker times one load of ``PROBE_CHUNKS``
 chunks both ways when it registers, from pool slots into vLLM's KV cache.
 That cache holds no request yet, so the bytes written there are never read.
+With an SSD tier or a remote store, the rank also times a read of each
+(:func:`probe_rank`), so the cost model starts from the speeds seen here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from miniflex.gpu.base import KVMover
 from miniflex.layout import KVLayout
 from miniflex.plan import ChunkMove, LoadProbe
 from miniflex.types import BlockId, SlotId
 
-__all__ = ["PROBE_CHUNKS", "probe_loads"]
+if TYPE_CHECKING:
+    from miniflex.connector.remote_tier import WorkerRemote
+    from miniflex.ssd.copier import SSDCopier
+
+__all__ = ["PROBE_CHUNKS", "probe_loads", "probe_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,4 +67,21 @@ def probe_loads(mover: KVMover, layout: KVLayout, num_slots: int) -> LoadProbe |
         nbytes / probe.load_seconds / 1e9,
         nbytes / probe.layerwise_seconds / 1e9,
     )
+    return probe
+
+
+def probe_rank(
+    mover: KVMover,
+    layout: KVLayout,
+    num_slots: int,
+    ssd: SSDCopier | None,
+    remote: WorkerRemote | None,
+) -> LoadProbe | None:
+    """One rank's start-up probe: its loads (:func:`probe_loads`), then the read speed of its
+    SSD tier and the fetch speed of its remote store, where it has them."""
+    probe = probe_loads(mover, layout, num_slots)
+    if probe is not None and ssd is not None:
+        probe = replace(probe, ssd_read_bps=ssd.probe_read())
+    if probe is not None and remote is not None:
+        probe = replace(probe, remote_read_bps=remote.probe())
     return probe

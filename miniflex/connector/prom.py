@@ -33,7 +33,7 @@ _METRICS: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "vllm:miniflex_hit_tokens": (
         "Prompt tokens MiniFlex loaded instead of vLLM recomputing them, per tier.",
         "tier",
-        {"hit_tokens_cpu": "cpu", "hit_tokens_ssd": "ssd"},
+        {"hit_tokens_cpu": "cpu", "hit_tokens_ssd": "ssd", "hit_tokens_remote": "remote"},
     ),
     "vllm:miniflex_stored_tokens": (
         "Prompt tokens MiniFlex saved to its CPU tier.",
@@ -54,6 +54,16 @@ _METRICS: dict[str, tuple[str, str | None, dict[str, str]]] = {
         "SSD chunks that failed a read (checksum, I/O: recomputed) or a write (not kept).",
         "op",
         {"ssd_read_failures": "read", "ssd_write_failures": "write"},
+    ),
+    "vllm:miniflex_remote_chunks": (
+        "Chunks of the remote store: fetched for a load, failed a fetch (recomputed), or "
+        "handed to write-through.",
+        "op",
+        {
+            "remote_fetched_chunks": "fetched",
+            "remote_read_failures": "fetch_failed",
+            "remote_puts": "put",
+        },
     ),
     "vllm:miniflex_ssd_chunks_recomputed": (
         "Chunks resident on SSD that the cost model chose to recompute.",

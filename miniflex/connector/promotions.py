@@ -1,11 +1,12 @@
-"""A load's SSD reads (promotions) on one rank: read them, or wait for the rank that does.
+"""A load's reads on one rank (SSD promotions, remote fetches): do them, or await them.
 
 A sharded cache's rank reads its own shard from its own SSD store. A
 replicated (MLA) cache has one store and one pool for all ranks: rank 0 reads
 each promoted chunk into the shared slot and publishes it in the pool's
 ledger; the other ranks wait for that, then copy the slot like any CPU hit.
-Either way the result is ``(keys that failed, seconds)``, and a failed key's
-blocks become load errors on that rank (vLLM recomputes them on every rank).
+Remote fetches go the same way. Either way the result is ``(keys that failed,
+SSD seconds, remote seconds)``, and a failed key's blocks become load errors on
+that rank (vLLM recomputes them on every rank).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 
 from miniflex.connector.job_runner import Promoted
 from miniflex.errors import TransferError
-from miniflex.plan import SlotCopy
+from miniflex.plan import RemoteCopy, SlotCopy
+from miniflex.remote.fetch import RemoteFetcher
 from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import ChunkKey
@@ -27,27 +29,49 @@ PROMOTION_WAIT_S = 60.0
 
 
 class Promoter:
-    """Runs the promotions of one load job, on the worker's read thread."""
+    """Runs the reads of one load job (SSD promotions, remote fetches), on the read thread."""
 
-    def __init__(self, ssd: SSDCopier | None, shared: SharedPool | None, writes: bool) -> None:
+    def __init__(
+        self,
+        ssd: SSDCopier | None,
+        shared: SharedPool | None,
+        writes: bool,
+        fetcher: RemoteFetcher | None = None,
+    ) -> None:
         self._ssd, self._shared, self._writes = ssd, shared, writes
+        self._fetcher = fetcher
 
-    def promote(self, job_id: int, copies: Sequence[SlotCopy]) -> Promoted:
-        """Raises TransferError where this rank has no SSD tier to read from."""
+    def promote(
+        self, job_id: int, copies: Sequence[SlotCopy], fetches: Sequence[RemoteCopy] = ()
+    ) -> Promoted:
+        """Raises TransferError where this rank has no SSD tier (or remote store) to read from."""
+        reads = (*copies, *fetches)
         if not self._writes:
-            return self._await(job_id, copies)
-        if self._ssd is None:
+            failed, seconds = self._await(job_id, reads)
+            return failed, seconds, 0.0
+        if copies and self._ssd is None:
             raise TransferError("an SSD job reached a worker without ssd_dirs configured")
-        failed: set[ChunkKey] = {c.key for c in copies}  # until read: nothing is there
+        if fetches and self._fetcher is None:
+            raise TransferError("a remote fetch reached a worker without remote_url configured")
+        failed: set[ChunkKey] = {c.key for c in reads}  # until read: nothing is there
+        ssd_s = remote_s = 0.0
         try:
-            failed, seconds = self._ssd.promote(copies)
+            failed = set()
+            if copies:
+                bad, ssd_s = self._ssd.promote(copies)  # type: ignore[union-attr]
+                failed |= bad
+            if fetches:
+                bad, remote_s = self._fetcher.fetch(fetches)  # type: ignore[union-attr]
+                failed |= bad
         finally:  # the other ranks wait for every slot, whatever happened here
             if self._shared is not None:
-                for c in copies:
+                for c in reads:
                     self._shared.publish(c.cpu, job_id, c.key not in failed)
-        return failed, seconds
+        return failed, ssd_s, remote_s
 
-    def _await(self, job_id: int, copies: Sequence[SlotCopy]) -> Promoted:
+    def _await(
+        self, job_id: int, copies: Sequence[SlotCopy | RemoteCopy]
+    ) -> tuple[set[ChunkKey], float]:
         assert self._shared is not None, "only a replicated cache's ranks read another's chunks"
         t0 = time.perf_counter()
         failed = {

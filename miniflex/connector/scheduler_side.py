@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from miniflex.config import MiniFlexConfig, hash_seed_set
-from miniflex.connector import compat, ssd_tier
+from miniflex.connector import compat, remote_tier, ssd_tier
 from miniflex.connector.manager import MiniFlexManager
 from miniflex.keys import Namespace
 from miniflex.layout import KVGeometry
@@ -30,7 +30,9 @@ def start_manager(
     placement: TPPlacement,
 ) -> MiniFlexManager:
     """The engine's :class:`MiniFlexManager`: ``cpu_bytes`` and ``ssd_bytes`` are the
-    engine's, split over ``placement``'s pools and stores (each has the slots it has)."""
+    engine's, split over ``placement``'s pools and stores (each has the slots it has).
+    The remote store is checked first: bad credentials fail before anything slow is built."""
+    remote = remote_tier.open_lookup(config, ns, placement)
     num_slots = placement.per_store(config.cpu_bytes) // geometry.slot_bytes
     ssd_slots = ssd_tier.num_slots(config, geometry.slot_bytes, placement)
     manager = MiniFlexManager(
@@ -43,23 +45,25 @@ def start_manager(
         compat.step_tokens(vllm_config),
         compat.graph_rule(vllm_config),
         compat.max_model_len(vllm_config),
+        remote,
     )
     recovered = ssd_tier.seed(manager, config, geometry, ns, placement)
-    if ssd_slots and not compat.block_hashes_reproducible(hash_seed_set()):
+    if (ssd_slots or remote) and not compat.block_hashes_reproducible(hash_seed_set()):
         logger.warning(
-            "vLLM seeds its block hashes randomly in each process, so chunks on SSD "
-            "will not be found after a restart; set PYTHONHASHSEED (any value, the "
-            "same for every start) to keep them"
+            "vLLM seeds its block hashes randomly in each process, so chunks on SSD or in "
+            "the remote store will not be found after a restart or by another replica; set "
+            "PYTHONHASHSEED (any value, the same for every start and replica) to keep them"
         )
     logger.info(
         "MiniFlex scheduler: %d CPU slots x %d tokens (%.2f GiB in %d pool(s)), %d SSD slots "
-        "(%d chunks recovered), namespace %s",
+        "(%d chunks recovered), remote %s, namespace %s",
         num_slots,
         geometry.chunk_tokens,
         num_slots * geometry.slot_bytes * placement.stores / 2**30,
         placement.stores,
         ssd_slots,
         recovered,
+        remote.stores[0].url if remote is not None else "none",
         ns.key_digest.hex()[:12],
     )
     return manager

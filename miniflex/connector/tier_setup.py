@@ -1,6 +1,9 @@
-"""The scheduler's tier stack, wired to the cost model that sizes and steers its write-back."""
+"""The scheduler's tier stack, wired to the cost model that sizes and steers its write-back,
+and to the remote tier's write-back (``remote_write=back``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.advisor import HitAdvisor
@@ -8,7 +11,7 @@ from miniflex.cost import CostModel
 from miniflex.keys import Namespace
 from miniflex.tiers import TierStack
 from miniflex.tiers.admission import SSDAdmission
-from miniflex.types import Tier
+from miniflex.types import ChunkKey, SlotId, Tier
 
 __all__ = ["build_tiers"]
 
@@ -22,10 +25,13 @@ def build_tiers(
     ssd_slots: int,
     step_tokens: int,
     max_model_len: int,
+    on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
 ) -> TierStack:
     """The CPU tier of ``num_slots`` over an SSD tier of ``ssd_slots`` (0: none).
     ``step_tokens``: vLLM's ``max_num_batched_tokens`` (0: unknown); ``max_model_len``:
-    the longest prompt (its last chunk costs most to recompute)."""
+    the longest prompt (its last chunk costs most to recompute); ``on_cpu_evict``: told of
+    every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
+    :mod:`miniflex.connector.remote_puts`)."""
     step_chunks = -(-step_tokens // ns.chunk_tokens)
     tiers = TierStack(
         num_slots,
@@ -40,6 +46,7 @@ def build_tiers(
             cost.ssd_chunk_seconds,
             lambda: cost.chunk_recompute_seconds(max_model_len),
         ),
+        on_cpu_evict=on_cpu_evict,
     )
     if ssd_slots > 0 and cost.chunk_bytes > 0:  # until writes are seen: as fast as reads
         tiers.write_seconds = cost.chunk_bytes / cost.bandwidth[Tier.SSD]

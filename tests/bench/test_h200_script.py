@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from miniflex.config import parse_size
+
 ROOT = Path(__file__).parents[2]
 PARTS = ("ttft", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
 
@@ -44,3 +46,14 @@ def test_each_part_of_the_h200_script_passes_the_benchmark_checks(
     assert "apc" in plan["kv_transfer"]
     assert any(name.startswith("miniflex") for name in plan["kv_transfer"])
     assert plan["llm_args"]["enforce_eager"] is False  # CUDA graphs, as users run vLLM
+
+
+def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
+    """The remote part's engines as the H200 runs them: a 30k-token prompt fits vLLM's
+    cache and MiniFlex's CPU tier; with CUDA graphs; no engine or store started here."""
+    plan = h200_dry_run("remote", tmp_path)
+    assert plan["settings"]["prompt_tokens"] == "8192,30000"
+    engine = plan["engine"]
+    assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
+    assert engine["load_format"] == "dummy" and engine["eager"] is False
+    assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456

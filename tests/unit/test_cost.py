@@ -101,10 +101,16 @@ def test_load_bandwidth_follows_observations_unless_fixed() -> None:
 
 def test_config_overrides_fix_the_model() -> None:
     cfg = MiniFlexConfig.from_dict(
-        {"cpu_load_gbps": 20, "ssd_read_gbps": "0.5", "prefill_tokens_per_s": 10000}, env={}
+        {
+            "cpu_load_gbps": 20,
+            "ssd_read_gbps": "0.5",
+            "remote_read_gbps": 2,
+            "prefill_tokens_per_s": 10000,
+        },
+        env={},
     )
     m = make_cost_model(cfg, CHUNK_BYTES, CHUNK_TOKENS)
-    assert m.bandwidth == {CPU: 20e9, SSD: 0.5e9}
+    assert m.bandwidth == {CPU: 20e9, SSD: 0.5e9, Tier.REMOTE: 2e9}
     assert m.prefill == PrefillFit(0.0, 1e-4, 0.0)
     m.observe_load(CPU, 1 << 30, 1.0)
     m.observe_step(1000, 1e6, 5.0)
@@ -209,3 +215,19 @@ def test_the_start_up_probe_sets_both_cpu_bandwidths_unless_fixed() -> None:
     fixed = make_cost_model(MiniFlexConfig(cpu_load_gbps=8.0), CHUNK_BYTES, CHUNK_TOKENS)
     fixed.start_from_probe(50e9, 25e9)
     assert fixed.bandwidth[CPU] == 8e9 and fixed.layerwise_bandwidth is None
+
+
+def test_a_remote_run_is_loaded_only_while_its_fetch_beats_recompute() -> None:
+    remote = Tier.REMOTE
+    m = model(cpu_gbps=50, ssd_gbps=1, per_token=1e-4)  # 6.4 ms to recompute a chunk
+    m.start_remote_from_probe(1e9)  # 67 ms to fetch one: recomputed
+    assert (
+        m.choose([CPU, remote, remote], prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0).load_chunks == 1
+    )
+    m.start_remote_from_probe(100e9)  # 0.7 ms: fetched
+    assert (
+        m.choose([CPU, remote, remote], prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0).load_chunks == 3
+    )
+    # real fetches refine the probe's figure (unless remote_read_gbps fixes it)
+    m.observe_load(remote, CHUNK_BYTES, 1.0)
+    assert m.bandwidth[remote] < 100e9  # a moving average from the probe on

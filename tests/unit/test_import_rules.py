@@ -2,10 +2,11 @@
 
 Each library stays in its own corner (docs/design.md, "Packages and imports"):
 vLLM in the connector and the tools that drive engines, torch where KV tensors
-are touched, CuPy in ``gpu/``, cffi in ``ssd/`` and Numba in ``index/``. A
-vLLM worker imports the connector, so Numba (slow to import, and its JIT
-unwanted there) must not be imported at module level by anything the connector
-imports at module level: the index compiles its kernels lazily.
+are touched, CuPy in ``gpu/``, cffi in ``ssd/``, Numba in ``index/`` and the
+redis client in ``remote/``. A vLLM worker imports the connector, so Numba
+(slow to import, and its JIT unwanted there) must not be imported at module
+level by anything the connector imports at module level: the index compiles
+its kernels lazily.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cupy": ("gpu/",),
     "cffi": ("ssd/",),
     "numba": ("index/",),
+    "redis": ("remote/",),  # the remote store's client; an optional extra
 }
 
 WORKER_ENTRY = "miniflex.connector.connector"

@@ -1,0 +1,237 @@
+"""A second engine's TTFT on a prompt a first engine computed, served through the remote store.
+
+    python -m bench.remote_share [--model DIR] [--load-format dummy] [--prompt-tokens 2048]
+        [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
+        [--server-memory 8gb] [--eager] [--json PATH]
+
+Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
+and repeat; write-through puts its chunks in the store, and A shuts down
+(its queued puts go out first). Engine B then starts with empty local tiers
+and, per prompt:
+
+1. **recompute**: a fresh prompt of the same length (nothing cached anywhere);
+2. **remote**: A's prompt, fetched from the store into B's CPU tier and loaded;
+3. **cpu**: A's prompt again after vLLM's own copy was dropped, now a hit in
+   B's CPU tier (what a single engine gets).
+
+TTFT is the wall time of a one-token request. The table and the JSON give the
+medians and ``recompute / remote``, the speed-up a replica gets from a prompt
+another replica computed. Without ``--url`` a private ``redis-server`` runs
+on a free port. Without ``--model``, the demo's locally generated model
+(real random weights; ``miniflex demo``) on the CPU backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from miniflex.bench.configs import TierSizes, parse_configs
+from miniflex.bench.offline_driver import EngineSettings, OfflineDriver
+from miniflex.config import parse_size
+
+STEPS = ("recompute", "remote", "cpu")
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.remote_share", description=__doc__)
+    p.add_argument("--model", help="model directory (default: the demo's generated model)")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--prompt-tokens", default="2048", help="comma-separated lengths")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--gpu-blocks", type=int, default=None, help="vLLM's KV cache, in blocks")
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--cpu-bytes", default="1GiB", help="MiniFlex's CPU tier per engine")
+    p.add_argument(
+        "--write-backlog", default="16GiB", help="remote_write_backlog: puts that may wait"
+    )
+    p.add_argument("--url", default=None, help="an existing store (default: a private one)")
+    p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    return p.parse_args(argv)
+
+
+def _model(args: argparse.Namespace) -> tuple[str, int, int]:
+    """(model path, vocabulary size, KV bytes per token on the CPU backend)."""
+    if args.model:
+        cfg = json.loads((Path(args.model) / "config.json").read_text())
+        heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        return args.model, cfg["vocab_size"], cfg["num_hidden_layers"] * heads * head_dim * 4
+    from miniflex.connector.demo import KV_BYTES_PER_TOKEN, SPEC
+    from miniflex.tinymodel import write_tiny_model
+
+    path = write_tiny_model(Path(tempfile.gettempdir()) / "miniflex-demo-model", SPEC)
+    return str(path), SPEC.vocab_size, KV_BYTES_PER_TOKEN
+
+
+def _log(msg: str) -> None:
+    print(f"[remote_share] {msg}", file=sys.stderr, flush=True)
+
+
+def _engine(url: str, args: argparse.Namespace, settings: EngineSettings) -> OfflineDriver:
+    text = f"miniflex-cpu+remote_url={url}+remote_write_backlog={args.write_backlog}"
+    config = parse_configs(text)[0]
+    cpu = parse_size("cpu_bytes", args.cpu_bytes)
+    tiers = TierSizes(cpu, cpu, 0, None, 0)
+    return OfflineDriver(config, settings, tiers)
+
+
+def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSettings:
+    longest = max(int(n) for n in args.prompt_tokens.split(","))
+    blocks = args.gpu_blocks or -(-2 * longest // args.block_size)
+    return EngineSettings(
+        model=model,
+        block_size=args.block_size,
+        gpu_blocks=blocks,
+        max_model_len=longest + 64,
+        kv_bytes_per_token=kv_bytes,
+        load_format=args.load_format,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        eager=args.eager,
+    )
+
+
+def _wait_for_puts(url: str, quiet_s: float = 2.0, limit_s: float = 600.0) -> None:
+    """Until the store's key count stops growing for ``quiet_s``: write-through is done."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        n = int(client.dbsize())
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.25)
+    _log(f"the store holds {last} keys")
+    client.close()
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    model, vocab, kv_bytes = _model(args)
+    lengths = [int(n) for n in args.prompt_tokens.split(",")]
+    settings = _settings(args, model, kv_bytes)
+    rng = random.Random(0)
+    cases = [
+        (n, r, [rng.randrange(3, vocab) for _ in range(n)])
+        for n in lengths
+        for r in range(args.repeat)
+    ]
+    warm = [rng.randrange(3, vocab) for _ in range(256)]
+    _log(f"engine A: computes {len(cases)} prompts")
+    a = _engine(url, args, settings)
+    try:
+        a.prefill(warm, "warmup")
+        for _n, _r, tokens in cases:
+            a.prefill(tokens, "compute")
+        _wait_for_puts(url)
+    finally:
+        a.close()  # write-through's queued puts go out first
+    _log("engine B: fresh local tiers")
+    b = _engine(url, args, settings)
+    rows: list[dict[str, Any]] = []
+    try:
+        b.prefill(warm[::-1], "warmup")
+        for n, r, tokens in cases:
+            fresh = [rng.randrange(3, vocab) for _ in range(n)]
+            samples = {
+                "recompute": b.prefill(fresh, "recompute"),
+                "remote": b.prefill(tokens, "remote"),
+            }
+            b.evict_gpu()
+            samples["cpu"] = b.prefill(tokens, "cpu")
+            rows.append(
+                {"prompt_tokens": n, "repeat": r}
+                | {f"{k}_ms": s.ttft_ms for k, s in samples.items()}
+                | {f"{k}_tiers": dict(s.tiers) for k, s in samples.items()}
+            )
+            _log(
+                f"{n} tokens #{r}: "
+                + ", ".join(f"{k} {s.ttft_ms:.1f} ms" for k, s in samples.items())
+            )
+    finally:
+        b.close()
+    return {
+        "model": model,
+        "store": url,
+        "settings": vars(args),
+        "rows": rows,
+        "summary": summary(rows),
+    }
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians per prompt length, and the ratios of interest."""
+    out = []
+    for n in sorted({r["prompt_tokens"] for r in rows}):
+        mine = [r for r in rows if r["prompt_tokens"] == n]
+        med = {k: statistics.median(r[f"{k}_ms"] for r in mine) for k in STEPS}
+        remote_tokens = min(r["remote_tiers"].get("remote", 0) for r in mine)
+        out.append(
+            {"prompt_tokens": n, "runs": len(mine)}
+            | {f"{k}_ms": round(v, 1) for k, v in med.items()}
+            | {
+                "remote_hit_tokens_min": remote_tokens,
+                "recompute_over_remote": round(med["recompute"] / med["remote"], 2),
+                "remote_over_cpu": round(med["remote"] / med["cpu"], 2),
+            }
+        )
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| prompt | recompute ms | remote ms | cpu ms | recompute/remote | remote/cpu "
+        "| remote hit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in result["summary"]:
+        lines.append(
+            f"| {s['prompt_tokens']} | {s['recompute_ms']} | {s['remote_ms']} | {s['cpu_ms']} | "
+            f"{s['recompute_over_remote']}x | {s['remote_over_cpu']}x | "
+            f"{s['remote_hit_tokens_min']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _args(argv)
+    if args.dry_run:
+        model = args.model or "(the demo's generated model)"
+        plan = {"settings": vars(args), "engine": vars(_settings(args, model, 0))}
+        print(json.dumps(plan, indent=1))
+        return 0
+    if args.url:
+        result = measure(args.url, args)
+    else:
+        from miniflex.remote.local_server import LocalServer
+
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            LocalServer(tmp, maxmemory=args.server_memory) as srv,
+        ):
+            result = measure(srv.url, args)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

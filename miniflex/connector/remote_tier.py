@@ -1,0 +1,158 @@
+"""Wiring of the remote tier (``remote_url``) into the connector's two halves.
+
+* **Start-up.** Each process opens its stores and runs ``check()`` first, before
+  anything slow is built: credentials the store refuses raise ``RemoteError``
+  (one line naming the config keys), a store that cannot be reached is a
+  warning, and MiniFlex serves from its local tiers until it answers (every
+  call after that reconnects by itself, see :mod:`miniflex.remote.link`).
+* **Scheduler.** A :class:`~miniflex.remote.lookup.RemoteLookup` over every
+  shard's namespace: a lookup extends the local run with the chunks every
+  shard's store holds.
+* **Worker.** :class:`WorkerRemote`: this rank's store, the fetcher a load's
+  reads use, the write-through uploader, and the start-up fetch probe.
+
+Example::
+
+    lookup = open_lookup(config, ns, placement)        # scheduler; None without remote_url
+    side = WorkerRemote.open(config, ns.shard(rank).digest)   # worker (ranks that write)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from miniflex.config import MiniFlexConfig
+from miniflex.keys import Namespace
+from miniflex.plan import JobKind, JobResult, TransferJob
+from miniflex.pool import HostPool
+from miniflex.ranks import TPPlacement
+from miniflex.remote import RemoteStore, open_remote_store
+from miniflex.remote.fetch import RemoteFetcher
+from miniflex.remote.lookup import RemoteLookup
+from miniflex.remote.probe import probe_fetch_bandwidth
+from miniflex.remote.uploader import RemoteUploader
+
+__all__ = ["WorkerRemote", "check_store", "open_checked", "open_lookup"]
+
+logger = logging.getLogger("miniflex.remote")
+
+_PUTS = (JobKind.STORE, JobKind.DEMOTE)
+"""Jobs whose ``remote`` copies are puts (write-through, write-back); a LOAD's are fetches."""
+
+
+def open_checked(config: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore | None:
+    """The store of ``remote_url`` for one namespace, checked (None without ``remote_url``).
+
+    Raises RemoteError for a store that refuses MiniFlex (credentials, ACL,
+    TLS, a read-only replica); a store that cannot be reached is logged once
+    and returned all the same: its calls fail fast until it answers.
+    """
+    store = open_remote_store(config, namespace_digest)
+    if store is None:
+        return None
+    try:
+        reachable = store.check()
+    except BaseException:
+        store.close()
+        raise
+    if not reachable:
+        logger.warning(
+            "MiniFlex: remote store %s cannot be reached (remote_timeout_s=%s): serving from "
+            "the local tiers, trying again every remote_retry_s=%s",
+            store.url,
+            config.remote_timeout_s,
+            config.remote_retry_s,
+        )
+    return store
+
+
+def check_store(config: MiniFlexConfig) -> str:
+    """Before vLLM starts (``miniflex serve``, ``make_llm``): RemoteError for a store that
+    refuses MiniFlex, else one line saying whether it answered. The probe is written under a
+    namespace of zeros: credentials and ACLs depend on the key prefix, not the namespace."""
+    store = open_checked(config, bytes(16))
+    assert store is not None, "remote_url is set"
+    try:
+        up = not store.stats().down
+    finally:
+        store.close()
+    state = "answers" if up else "cannot be reached now: the local tiers serve until it answers"
+    return f"remote store {store.url}: {state}"
+
+
+def open_lookup(
+    config: MiniFlexConfig, ns: Namespace, placement: TPPlacement
+) -> RemoteLookup | None:
+    """The scheduler's lookup over every shard's namespace (None without ``remote_url``)."""
+    stores: list[RemoteStore] = []
+    try:
+        for rank in placement.store_ranks():
+            store = open_checked(config, ns.shard(rank).digest)
+            if store is None:
+                return None
+            stores.append(store)
+    except BaseException:
+        for store in stores:
+            store.close()
+        raise
+    return RemoteLookup(stores)
+
+
+class WorkerRemote:
+    """One rank's side of the remote tier: fetches, write-through puts, the start-up probe."""
+
+    def __init__(self, store: RemoteStore, write_backlog: int | None) -> None:
+        """``write_backlog``: bytes of write-through copies that may wait (None: no puts)."""
+        self.store = store
+        self._write_backlog = write_backlog
+        self.fetcher: RemoteFetcher | None = None
+        self.uploader: RemoteUploader | None = None
+        self._pool: HostPool | None = None
+
+    @classmethod
+    def open(cls, config: MiniFlexConfig, namespace_digest: bytes) -> WorkerRemote | None:
+        """This rank's store, checked (see :func:`open_checked`); None without ``remote_url``."""
+        store = open_checked(config, namespace_digest)
+        if store is None:
+            return None
+        puts = config.remote_write != "off"
+        return cls(store, config.remote_write_backlog if puts else None)
+
+    def bind(self, pool: HostPool) -> RemoteFetcher:
+        """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
+        self._pool = pool
+        self.fetcher = RemoteFetcher(self.store, pool)
+        if self._write_backlog is not None:
+            self.uploader = RemoteUploader(self.store, self._write_backlog)
+        return self.fetcher
+
+    def probe(self) -> float | None:
+        """Bytes/s of a chunk's fetch into a CPU slot, measured now (None: unreachable)."""
+        assert self._pool is not None, "bind() first"
+        bps = probe_fetch_bandwidth(self.store, self._pool)
+        logger.info(
+            "MiniFlex remote store %s: %s",
+            self.store.url,
+            "unreachable, no fetch probe" if bps is None else f"fetches at {bps / 1e9:.2f} GB/s",
+        )
+        return bps
+
+    def finished(self, job: TransferJob, result: JobResult) -> None:
+        """A job finished on its thread: a STORE's (write-through) or DEMOTE's (write-back)
+        puts are queued (copies of its slots, taken now, before any job overwrites them)."""
+        if (
+            job.kind not in _PUTS
+            or self.uploader is None
+            or not job.remote
+            or not result.ok
+            or self._pool is None
+        ):
+            return
+        for c in job.remote:
+            self.uploader.offer(c.key, self._pool.slot(c.cpu))
+
+    def close(self) -> None:
+        """Put what is queued (bounded by the store's timeout per put), then disconnect."""
+        if self.uploader is not None:
+            self.uploader.close()
+        self.store.close()

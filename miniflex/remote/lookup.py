@@ -1,0 +1,118 @@
+"""Which chunks after a local hit the remote store holds: the scheduler's remote lookup.
+
+The remote tier is not indexed locally (a fleet's replicas write to it, and
+its server evicts on its own), so a lookup asks the store, one ``exists``
+round trip per TP shard for the keys after the local run. A chunk counts only
+if every rank's shard is there: one plan drives all ranks, so a chunk one rank
+lacks would be a hit the ranks disagree on (as for chunks recovered from SSD).
+
+vLLM may ask about one request several times (while it waits for blocks), so
+an answer is kept per request for ``ttl_s``: the store is asked at most once
+per request in that time, and every ask is bounded by ``remote_timeout_s``
+(after a failure, by the store's fast-fail window). Scheduler side, one thread::
+
+    lookup = RemoteLookup([store_rank0, store_rank1])
+    n = lookup.held("req-1", keys[local_run:])   # leading keys every shard holds
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from miniflex.remote.base import RemoteStats, RemoteStore
+from miniflex.types import ChunkKey, ReqId
+
+__all__ = ["ANSWER_TTL_S", "RemoteLookup"]
+
+ANSWER_TTL_S = 1.0
+"""How long a request's answer is reused before the store is asked again."""
+_KEEP_ANSWERS = 4096
+
+
+@dataclass(frozen=True)
+class _Answer:
+    first: ChunkKey
+    asked: int
+    held: int
+    at: float
+
+
+class RemoteLookup:
+    """Prefix lookups in the remote store across every TP shard's namespace."""
+
+    def __init__(
+        self,
+        stores: Sequence[RemoteStore],
+        ttl_s: float = ANSWER_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``stores``: one per shard that holds bytes (rank 0's alone for a replicated
+        cache), each scoped to its shard's namespace; this object owns and closes them."""
+        assert stores, "a remote lookup needs the store of every shard"
+        self.stores = list(stores)
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._answers: OrderedDict[ReqId, _Answer] = OrderedDict()
+        self.seconds = 0.0
+        """Wall time spent asking the store (the scheduler waited that long)."""
+
+    def held(self, req_id: ReqId, keys: Sequence[ChunkKey]) -> int:
+        """How many leading ``keys`` every shard's store holds (0 when it cannot answer).
+
+        A hint: a chunk may be evicted or found corrupt before it is fetched;
+        the fetch then fails and vLLM recomputes its blocks.
+        """
+        if not keys:
+            return 0
+        now = self._clock()
+        old = self._answers.get(req_id)
+        fresh = old is not None and now - old.at < self._ttl_s
+        if fresh and old.first == keys[0] and old.asked == len(keys):  # type: ignore[union-attr]
+            return old.held  # type: ignore[union-attr]
+        t0 = time.perf_counter()
+        held = len(keys)
+        for store in self.stores:
+            found = store.exists(keys[:held])
+            held = next((i for i, f in enumerate(found) if not f), len(found))
+            if held == 0:
+                break
+        self.seconds += time.perf_counter() - t0
+        self._answers[req_id] = _Answer(keys[0], len(keys), held, now)
+        self._answers.move_to_end(req_id)
+        while len(self._answers) > _KEEP_ANSWERS:
+            self._answers.popitem(last=False)
+        return held
+
+    def forget(self, req_id: ReqId) -> None:
+        """The request is done: drop its cached answer."""
+        self._answers.pop(req_id, None)
+
+    def stats(self) -> RemoteStats:
+        """The counters of the scheduler's stores, summed (``down`` if any is down)."""
+        snaps = [s.stats() for s in self.stores]
+        fields = {f: sum(getattr(s, f) for s in snaps) for f in RemoteStats.__dataclass_fields__}
+        fields["down"] = any(s.down for s in snaps)
+        return RemoteStats(**fields)
+
+    def status(self) -> dict[str, Any]:
+        """What ``miniflex inspect`` shows of the remote tier (the scheduler's view)."""
+        s = self.stats()
+        return {
+            "url": self.stores[0].url,
+            "shards": len(self.stores),
+            "down": s.down,
+            "lookups": s.lookups,
+            "errors": s.errors,
+            "timeouts": s.timeouts,
+            "fast_fails": s.fast_fails,
+            "reconnects": s.reconnects,
+            "lookup_seconds": round(self.seconds, 6),
+        }
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()

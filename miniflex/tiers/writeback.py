@@ -1,0 +1,218 @@
+"""SSD write-back of the CPU tier's evictions, and admission to SSD: :class:`TierStack`'s part.
+
+* **Demotion** (write-back): when the CPU tier evicts a chunk that SSD does
+  not hold, an SSD slot is allocated and a :class:`~miniflex.plan.SlotCopy` is
+  queued (:meth:`TierStack.take_demotions`). The chunk stays in its CPU slot,
+  readable and pinned, until the copy is reported done; only then is the slot
+  freed, and making room goes on with the next victim meanwhile. So a store
+  never waits for the disk. Write-back starts ahead of need: after every
+  store or promotion, the least recently used chunks are written until
+  ``max_writeback`` slots are free or being written. At most ``max_writeback``
+  chunks are written at once. Past that, making room takes the slot of the
+  oldest chunk being written, sent or not (the worker waits for that write
+  before it overwrites the slot, see the handler), if the disk *keeps up* (it
+  writes a chunk faster than recomputing one takes, both as seen so far: then
+  every queued write costs less than the chunk it saves), or else if that write
+  is predicted to be done within the ``wait_budget``. Otherwise the victim is
+  dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
+  on a disk slower than recomputing, a store never waits for it longer than
+  that. When every other CPU slot is pinned the same rule decides between
+  waiting and losing the chunk being placed. A server meets that case whenever
+  a prompt of half the CPU tier follows another: the previous store is still in
+  flight, and the chunks evicted for room are not sent to the disk yet. With
+  ``write_through`` every chunk stored on CPU is also queued for SSD (its CPU
+  slot pinned until written).
+* **Admission** (:mod:`miniflex.tiers.admission`): while the disk is known to be
+  slower than recomputing a chunk, evicted chunks are dropped, not written, and
+  nothing is written ahead or set aside for write-back: the CPU tier works as
+  if there were no SSD tier (chunks already on SSD are still found).
+
+The state lives on the :class:`~miniflex.tiers.hierarchy.TierStack` (set up in its
+constructor); this class holds the methods that act on it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from miniflex.plan import SlotCopy
+from miniflex.tiers.admission import SSDAdmission
+from miniflex.tiers.slot_tier import SlotTier
+from miniflex.types import ChunkKey, SlotId
+
+__all__ = ["WRITE_WAIT_S", "SSDWriteBack"]
+
+WRITE_WAIT_S = 0.005
+"""Default ``wait_budget``: the longest predicted wait for a write-back that making room
+accepts rather than dropping a chunk."""
+
+
+class SSDWriteBack:
+    """Demotions (CPU->SSD copies of evicted chunks) and their timing, for :class:`TierStack`."""
+
+    cpu: SlotTier
+    ssd: SlotTier | None
+    write_through: bool
+    max_writeback: int
+    admission: SSDAdmission | None
+    write_seconds: float | None
+    dropped_demotions: int
+    _clock: Callable[[], float]
+    _wait_budget: Callable[[], float]
+    _recompute_seconds: Callable[[], float | None]
+    _on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None
+    _writing_back: OrderedDict[SlotCopy, float | None]
+    _taken_early: dict[ChunkKey, SlotCopy]
+    _disk_free_at: float
+    _skipped_demotions: int
+    _demotions: list[SlotCopy]
+    _pinned_copies: set[SlotCopy]
+
+    def take_demotions(self) -> list[SlotCopy]:
+        """The CPU->SSD copies queued since the last call; send them before any other job,
+        as one job.
+
+        The disk writes the jobs one after the other, and a worker knows a slot is written
+        when its whole job is (a job that overwrites the slot waits that long): every
+        write-back of the job is predicted to end when the last of its chunks does."""
+        out, self._demotions = self._demotions, []
+        if not out:
+            return out
+        start = max(self._disk_free_at, self._clock())
+        self._disk_free_at = start + (self.write_seconds or 0.0) * len(out)
+        for c in out:
+            if c in self._writing_back:
+                self._writing_back[c] = self._disk_free_at
+        return out
+
+    def observe_writes(self, chunks: int, seconds: float) -> None:
+        """A write-back job of ``chunks`` took ``seconds`` on a worker (the prediction's speed)."""
+        if chunks > 0 and seconds > 0:
+            per = seconds / chunks
+            self.write_seconds = (
+                per if self.write_seconds is None else (0.7 * self.write_seconds + 0.3 * per)
+            )
+
+    def has_demotions(self) -> bool:
+        return bool(self._demotions)
+
+    def complete_demotions(self, copies: Sequence[SlotCopy], failed: set[ChunkKey]) -> None:
+        """Publish the chunks written to SSD; ``failed`` ones (disk full, I/O error) are freed."""
+        assert self.ssd is not None
+        for c in copies:
+            self.ssd.complete_store([(c.key, c.ssd)], c.key not in failed)
+            if c in self._pinned_copies:
+                self._pinned_copies.discard(c)
+                self.cpu.complete_load([c.cpu], ok=True)
+            elif self._taken_early.get(c.key) == c:
+                del self._taken_early[c.key]  # its slot has a new owner already
+            elif c in self._writing_back:
+                del self._writing_back[c]
+                self.cpu.finish_eviction(c.cpu)
+
+    def _write_ahead(self) -> None:
+        """Start writing back the least recently used CPU chunks while fewer than
+        ``max_writeback`` CPU slots are free or being written (write-back mode only)."""
+        if self.ssd is None or self.write_through or not self.ssd_pays_off:
+            return
+        while (
+            self.cpu.free_slots + len(self._writing_back) < self.max_writeback
+            and self.cpu.evict_one()
+        ):
+            pass
+
+    def take_skipped_demotions(self) -> int:
+        """Chunks evicted from CPU without a copy on SSD, because ``max_writeback`` chunks were
+        being written already, since the last call."""
+        n, self._skipped_demotions = self._skipped_demotions, 0
+        return n
+
+    def landing(self, key: ChunkKey) -> bool:
+        """Whether ``key`` is on its way to SSD with no copy readable anywhere meanwhile (its
+        CPU slot was reclaimed before the write was reported): a lookup may wait for it."""
+        return key in self._taken_early
+
+    @property
+    def ssd_pays_off(self) -> bool:
+        """Whether chunks are written back ahead of need and CPU slots kept for that: the
+        SSD tier admits chunks (see :mod:`miniflex.tiers.admission`)."""
+        return self.admission is None or self.admission.pays_off
+
+    def take_declined_demotions(self) -> int:
+        """Chunks evicted from CPU unwritten because the disk is slower than recompute, since
+        the last call."""
+        if self.admission is None:
+            return 0
+        n, self.admission.declined = self.admission.declined, 0
+        return n
+
+    @property
+    def writing_back(self) -> int:
+        """Chunks evicted from CPU that are still being written to SSD (held in CPU)."""
+        return len(self._writing_back)
+
+    def _demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
+        """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
+        True: it is being written (its CPU slot is freed when that is done)."""
+        if self._on_cpu_evict is not None:
+            self._on_cpu_evict(key, cpu_slot)
+        if self.ssd is None or self.write_through:
+            return False
+        if key in self.ssd or self.ssd.is_storing(key):
+            return False  # already there: nothing to write
+        if self.admission is not None and not self.admission.admits():
+            return False
+        if len(self._writing_back) >= self.max_writeback:
+            self._skipped_demotions += 1
+            return False
+        copy = self._to_ssd(key, cpu_slot)
+        if copy is None:
+            return False
+        self._writing_back[copy] = None
+        return True
+
+    def _reclaim(self, force: bool) -> bool:
+        """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back
+        if the backlog is full (``force``: nothing else is left to evict, the chunk being
+        placed is lost otherwise) and waiting for that write is worth it (see
+        :meth:`_worth_waiting`). The write may not be sent yet: it goes out in the same plan,
+        ahead of the job that overwrites its slot."""
+        if not self._writing_back or (len(self._writing_back) < self.max_writeback and not force):
+            return False
+        copy, done_at = next(iter(self._writing_back.items()))
+        if not self._worth_waiting(done_at):
+            return False
+        if not self.cpu.release_kept(copy.cpu):
+            return False
+        del self._writing_back[copy]
+        self._taken_early[copy.key] = copy
+        return True
+
+    @property
+    def disk_keeps_up(self) -> bool:
+        """Whether the SSD writes a chunk faster than recomputing it takes (both as seen so
+        far; False while either is unknown). Then waiting for the disk never loses: however
+        many writes queue, each costs less than recomputing its chunk would."""
+        rc = self._recompute_seconds()
+        return self.write_seconds is not None and rc is not None and self.write_seconds <= rc
+
+    def _worth_waiting(self, done_at: float | None) -> bool:
+        """Whether a store should wait for the write predicted to end at ``done_at`` (None: not
+        sent yet) rather than lose a chunk: always when the disk keeps up, else only for a
+        write predicted to end within the wait budget."""
+        if self.disk_keeps_up:
+            return True
+        return done_at is not None and done_at <= self._clock() + self._wait_budget()
+
+    def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
+        assert self.ssd is not None
+        if key in self.ssd or self.ssd.is_storing(key):
+            return None
+        placed = self.ssd.prepare_store([key])
+        if not placed:
+            self.dropped_demotions += 1
+            return None
+        copy = SlotCopy(key, cpu_slot, placed[0][1])
+        self._demotions.append(copy)
+        return copy
