@@ -36,7 +36,7 @@ from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
 from miniflex.connector.remote_tier import WorkerRemote
-from miniflex.connector.scheduler_side import start_manager
+from miniflex.connector.scheduler_side import recompute_failed_loads, start_manager
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import namespace_for
@@ -106,23 +106,23 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
         self._thread_cpu = 0.0  # worker: CPU time of its threads, not reported yet
         if role == KVConnectorRole.SCHEDULER:
-            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
-                # A cache miss must never fail a request: recompute what could not be loaded.
-                logger.info("MiniFlex sets kv_load_failure_policy=recompute")
-                self._kv_transfer_config.kv_load_failure_policy = "recompute"
-            self._manager = start_manager(
-                self.config, vllm_config, self.geometry, self.ns, self.placement
-            )
-            self._live = LiveState(self.config.status_file)
-            self._live.start(self._manager.status())
+            self._start_scheduler_side(vllm_config)
         else:
-            rank = compat.tp_rank()
-            remote = (  # checked before vLLM allocates anything
-                WorkerRemote.open(self.config, self.ns.shard(rank).digest)
-                if self.placement.writes(rank)
-                else None
-            )
-            self._handler = MiniFlexHandler(self.config, remote)
+            self._start_worker_side()
+
+    def _start_scheduler_side(self, vllm_config: Any) -> None:
+        recompute_failed_loads(self._kv_transfer_config)
+        self._manager = start_manager(
+            self.config, vllm_config, self.geometry, self.ns, self.placement
+        )
+        self._live = LiveState(self.config.status_file)
+        self._live.start(self._manager.status())
+
+    def _start_worker_side(self) -> None:
+        rank = compat.tp_rank()
+        writes = self.placement.writes(rank)  # the store is checked before vLLM allocates
+        remote = WorkerRemote.open(self.config, self.ns.shard(rank).digest) if writes else None
+        self._handler = MiniFlexHandler(self.config, remote)
 
     # ---------------- worker side ----------------
     @property

@@ -17,9 +17,16 @@ from miniflex.keys import Namespace
 from miniflex.layout import KVGeometry
 from miniflex.ranks import TPPlacement
 
-__all__ = ["start_manager"]
+__all__ = ["recompute_failed_loads", "start_manager"]
 
 logger = logging.getLogger("miniflex.connector")
+
+
+def recompute_failed_loads(kv_transfer_config: Any) -> None:
+    """A cache miss must never fail a request: vLLM recomputes what could not be loaded."""
+    if kv_transfer_config.kv_load_failure_policy != "recompute":
+        logger.info("MiniFlex sets kv_load_failure_policy=recompute")
+        kv_transfer_config.kv_load_failure_policy = "recompute"
 
 
 def start_manager(
