@@ -58,6 +58,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     return p.parse_args(argv)
 
@@ -224,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             LocalServer(tmp, maxmemory=args.server_memory) as srv,
         ):
             result = measure(srv.url, args)
+    import torch
+
+    from miniflex.bench.provenance import provenance
+
+    result["provenance"] = provenance(torch.cuda.is_available(), args.commit)
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

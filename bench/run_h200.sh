@@ -128,7 +128,8 @@ case "$PART" in
     timeout -s INT -k 60 "$LIMIT_S" "$PY" -m bench.remote_share \
       --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16 \
       --gpu-blocks 2100 --prompt-tokens 8192,30000 --repeat 3 --cpu-bytes 12GiB \
-      --server-memory 40gb ${REMOTE_URL:+--url "$REMOTE_URL"} --json "$OUT/remote/h200.json" \
+      --server-memory 40gb ${REMOTE_URL:+--url "$REMOTE_URL"} ${COMMIT:+--commit "$COMMIT"} \
+      --json "$OUT/remote/h200.json" \
       "${EXTRA[@]}" > "$OUT/remote.txt" 2> "$OUT/remote.log"
     rc=$?
     grep '^\[remote_share' "$OUT/remote.log" | tail -n 20
