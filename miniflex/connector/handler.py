@@ -49,12 +49,13 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.hook_clock import ThreadClock
-from miniflex.connector.job_runner import Promoted, execute, failed_result
+from miniflex.connector.job_runner import QueuedJob, execute, failed_result
 from miniflex.connector.probe import probe_rank
 from miniflex.connector.promotions import Promoter
 from miniflex.connector.remote_tier import WorkerRemote
@@ -75,7 +76,6 @@ __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger("miniflex.handler")
 
-_Item = tuple[TransferJob, object, "Future[JobResult]", Promoted | None]
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -94,10 +94,10 @@ class MiniFlexHandler:
         self._pool: HostPool | None = None
         self._mover: KVMover | None = None  # loads (the load thread and in-step loads)
         self._store_mover: KVMover | None = None  # stores (the store thread)
-        self._queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies into vLLM's cache
-        self._store_queue: queue.Queue[_Item | None] = queue.Queue()  # GPU copies out of it
-        self._ssd_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD writes
-        self._read_queue: queue.Queue[_Item | None] = queue.Queue()  # SSD reads (promotions)
+        self._queue: queue.Queue[QueuedJob | None] = queue.Queue()  # GPU copies into vLLM's cache
+        self._store_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # GPU copies out of it
+        self._ssd_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD writes
+        self._read_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD reads (promotions)
         self._threads: list[threading.Thread] = []
         self._demoting: dict[SlotId, Future[JobResult]] = {}  # CPU slot -> its demotion
         self._lock = threading.Lock()
@@ -220,19 +220,19 @@ class MiniFlexHandler:
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 with self._lock:
                     self._demoting.update((c.cpu, fut) for c in (*job.ssd, *job.remote))
-                self._ssd_queue.put((job, fence, fut, None))
+                self._ssd_queue.put(QueuedJob(job, fence, fut))
             elif job.reads:  # promotions, fetches: read into slots once written back, then copy
-                self._queue_after_writes((job, fence, fut, None), {c.cpu for c in job.reads})
+                self._queue_after_writes(QueuedJob(job, fence, fut), {c.cpu for c in job.reads})
             elif job.kind is JobKind.STORE:
-                self._queue_after_writes((job, fence, fut, None), {c.slot for c in job.chunks})
+                self._queue_after_writes(QueuedJob(job, fence, fut), {c.slot for c in job.chunks})
             else:
-                self._queue.put((job, fence, fut, None))
+                self._queue.put(QueuedJob(job, fence, fut))
 
-    def _queue_after_writes(self, item: _Item, slots: set[SlotId]) -> None:
+    def _queue_after_writes(self, item: QueuedJob, slots: set[SlotId]) -> None:
         """Queue a job that overwrites CPU ``slots`` (a store, or a load's promotions) once
         they are written to SSD (at once if none is being written): promotions for the read
         thread, stores for the store thread."""
-        target = self._read_queue if item[0].reads else self._store_queue
+        target = self._read_queue if item.job.reads else self._store_queue
         with self._lock:
             waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
         if not waits:
@@ -300,9 +300,9 @@ class MiniFlexHandler:
             for fut in list(self._pending.get(r, ())):
                 fut.result()
 
-    def _run(self, jobs: queue.Queue[_Item | None]) -> None:
+    def _run(self, jobs: queue.Queue[QueuedJob | None]) -> None:
         while (item := jobs.get()) is not None:
-            job, fence, fut, promoted = item
+            job, fence, fut, promoted = item.job, item.fence, item.done, item.promoted
             cpu = time.thread_time()
             if job.reads and promoted is None:
                 self._promote(item)  # on the read thread
@@ -323,17 +323,17 @@ class MiniFlexHandler:
         """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
         return self._cpu.take()
 
-    def _promote(self, item: _Item) -> None:
+    def _promote(self, item: QueuedJob) -> None:
         """A load's SSD reads into its CPU slots (on the read thread); then its GPU copies go
         to the transfer thread, so that a slow read never holds up the copies of other jobs."""
-        job, fence, fut, _ = item
+        job, fut = item.job, item.done
         t0 = time.perf_counter()
         try:
             promoted = self._promoter.promote(job.job_id, job.ssd, job.remote)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
             fut.set_result(failed_result(job, exc, t0, self._io_name(job)))
             return
-        self._queue.put((job, fence, fut, promoted))
+        self._queue.put(replace(item, promoted=promoted))
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover
@@ -18,13 +20,26 @@ from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey
 
-__all__ = ["Promoted", "execute", "failed_result"]
+__all__ = ["Promoted", "QueuedJob", "execute", "failed_result"]
 
 logger = logging.getLogger("miniflex.handler")
 
 Promoted = tuple[set[ChunkKey], float, float]
 """A load's reads, done before its copies: keys that failed, seconds of the SSD reads and of
 the remote fetches."""
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job on its way through the worker's threads."""
+
+    job: TransferJob
+    fence: object
+    """The mover's marker: the job's copies wait for the GPU work vLLM queued before it."""
+    done: Future[JobResult]
+    """Resolved with the job's report when it has run (or failed)."""
+    promoted: Promoted | None = None
+    """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
 
 
 def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:
