@@ -26,8 +26,11 @@ Both halves are calibrated on the running engine:
   (:meth:`CostModel.observe_step`: scheduled tokens, query-key pairs and the
   step's wall time), refitted every few steps.
 
-Until enough steps were seen the model is *uncalibrated* and everything
-resident is loaded (the behaviour without a cost model).
+Until enough steps were seen the model is *uncalibrated*: a hit held wholly in
+CPU is loaded whole, and chunks in a slower tier (SSD, the remote store) are
+priced against the mean seconds per token of the prefill steps seen so far,
+so that a fresh engine does not read a store slower than its own prefill
+(before any prefill step, everything resident is loaded).
 
 With ``overlap`` (``load_mode=auto``) :meth:`CostModel.choose` also weighs
 loading the leading CPU chunks *layerwise*, inside the step that computes the
@@ -163,6 +166,13 @@ class CostModel:
         tokens, seconds = self._prefill_totals
         return seconds / tokens * ct if tokens > 0 else None
 
+    def _rough_fit(self) -> PrefillFit | None:
+        """Before a fit: the mean seconds per token of the prefill steps seen (None: none
+        seen yet). It prices recompute high (each step's fixed cost counts as tokens'), so
+        a chunk it declines is one that even that price does not pay to load."""
+        tokens, seconds = self._prefill_totals
+        return PrefillFit(0.0, seconds / tokens, 0.0) if tokens > 0 else None
+
     def chunk_load_seconds(self, tier: Tier) -> float:
         copy = self.chunk_bytes / self.bandwidth[Tier.CPU]
         return copy if tier is Tier.CPU else copy + self.chunk_bytes / self.bandwidth[tier]
@@ -196,9 +206,11 @@ class CostModel:
         """
         n = len(tiers)
         fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
-        if self.prefill is None:
+        fit = self.prefill or (self._rough_fit() if fast < n else None)
+        if fit is None:
             lw = overlap and n > 0 and fast == n and others == 0
             return Decision(n, n, 0.0, 0.0, 0.0, False, layerwise=lw)
+        calibrated = self.prefill is not None
         ct = self.chunk_tokens
         load = self.load_seconds(tiers[:fast])
         times: dict[int, float] = {}
@@ -206,17 +218,19 @@ class CostModel:
             if length > fast:
                 load += self.chunk_load_seconds(tiers[length - 1])
             done = gpu_hit + length * ct
-            times[length] = load + self.prefill.seconds(prompt_tokens - done, done)
+            times[length] = load + fit.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
-        recompute = self.prefill.seconds(prompt_tokens - gpu_hit, gpu_hit)
-        if not overlap or fast == 0:
-            return Decision(best, n, times[best], times[n], recompute, True, async_s=times[best])
+        recompute = fit.seconds(prompt_tokens - gpu_hit, gpu_hit)
+        if not overlap or fast == 0 or not calibrated:
+            return Decision(
+                best, n, times[best], times[n], recompute, calibrated, async_s=times[best]
+            )
         best_async = times[best] - self.load_seconds(tiers[:best])  # the prefill part
         async_s = self.async_seconds(self.load_seconds(tiers[:best]), best_async)
         done = gpu_hit + fast * ct
         layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
         layer_load = fast * self.chunk_bytes / layer_bw
-        rest = self.prefill.seconds(prompt_tokens - done, done)
+        rest = fit.seconds(prompt_tokens - done, done)
         lw = self.layerwise_seconds(layer_load, rest)
         if lw + others * (lw - rest) <= async_s:
             return Decision(fast, n, lw, times[n], recompute, True, True, async_s)

@@ -28,6 +28,25 @@ def test_uncalibrated_model_loads_everything_resident() -> None:
     assert (d.load_chunks, d.calibrated) == (3, False)
 
 
+def test_before_a_fit_slow_chunks_are_priced_by_the_prefill_steps_seen() -> None:
+    # 64 MiB chunks: 67 ms to read at 1 GB/s, 1.3 ms at 50 GB/s (and 1.3 ms to copy)
+    m = CostModel(CHUNK_BYTES, CHUNK_TOKENS, {CPU: 50e9, SSD: 1e9, Tier.REMOTE: 50e9})
+    tiers = [CPU, SSD, SSD]
+    assert m.choose(tiers, prompt_tokens=1000, gpu_hit=0).load_chunks == 3  # nothing seen yet
+    m.observe_step(2048, 2048 * 1024.0, 0.2048)  # one prefill step: 0.1 ms a token
+    assert not m.calibrated
+    d = m.choose(tiers, prompt_tokens=4 * CHUNK_TOKENS, gpu_hit=0)
+    assert d.load_chunks == 1 and not d.calibrated  # 6.4 ms of recompute beats 67 ms reads
+    fast = m.choose([CPU, Tier.REMOTE], prompt_tokens=2 * CHUNK_TOKENS + 1000, gpu_hit=0)
+    assert fast.load_chunks == 2  # 2.7 ms to fetch and copy 64 tokens that cost 6.4 ms
+    slow_gpu = CostModel(CHUNK_BYTES, CHUNK_TOKENS, {CPU: 50e9, Tier.REMOTE: 10e9})
+    slow_gpu.observe_step(2048, 2048 * 1024.0, 2.048)  # 1 ms a token: fetching pays
+    assert slow_gpu.choose([Tier.REMOTE] * 4, 5 * CHUNK_TOKENS, 0).load_chunks == 4
+    # a hit wholly in CPU is still loaded whole, layerwise when alone
+    d = m.choose([CPU, CPU], 1000, 0, overlap=True)
+    assert d.load_chunks == 2 and d.layerwise
+
+
 def test_slow_ssd_is_recomputed_but_cpu_chunks_are_always_taken() -> None:
     # 64 MiB per chunk at 1 GB/s = 67 ms to read; 64 tokens cost 64 us to recompute
     m = model(cpu_gbps=50, ssd_gbps=1, per_token=1e-6)
