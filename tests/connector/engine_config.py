@@ -128,3 +128,8 @@ def capture_graphs(vc: VllmConfig, mode: str) -> None:
     cc.cudagraph_mode = CUDAGraphMode[mode]
     cc.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     cc.max_cudagraph_capture_size = 16
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    """A deterministic prompt of ``n`` token ids (``seed`` picks which)."""
+    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]

@@ -197,6 +197,20 @@ class Harness:
         assert self.sched.reset_prefix_cache()
         return self.free_blocks()
 
+    def serve(self, req_id: str, prompt: list[int], steps: int = 8) -> int:
+        """Serve ``prompt`` to the end; returns the tokens vLLM did not compute when it
+        scheduled the request (what it loaded, checked byte for byte)."""
+        req = self.add(req_id, prompt, max_tokens=2)
+        for _ in range(steps):  # a load, its completion, then scheduling with the prefix
+            so = self.step()
+            new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
+            if new is not None:
+                break
+        assert new is not None, f"{req_id} was never scheduled"
+        assert self.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
+        self.run()
+        return new.num_computed_tokens
+
     def run(self, max_steps: int = 200) -> None:
         """Step until every request is finished and freed."""
         for _ in range(max_steps):

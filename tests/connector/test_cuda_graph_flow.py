@@ -19,13 +19,10 @@ from miniflex.connector import MiniFlexConnector
 from miniflex.connector.requests import ReqState
 from miniflex.plan import JobKind, LoadTiming
 from miniflex.types import ReqId
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def load_jobs(h: Harness, so) -> list:

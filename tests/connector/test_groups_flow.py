@@ -35,6 +35,7 @@ from tests.connector.engine_config import (
     full_attention,
     make_kv_cache_config,
     make_vllm_config,
+    tokens,
     write_model_config,
 )
 from tests.connector.movers import GatedMover
@@ -155,10 +156,6 @@ class Engine:
                 return
             self.step()
         raise AssertionError(f"not idle: {list(self.sched.requests)}")
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 @pytest.fixture

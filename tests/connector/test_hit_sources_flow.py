@@ -17,6 +17,7 @@ import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from miniflex.connector import MiniFlexConnector
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
@@ -26,10 +27,6 @@ pytestmark = pytest.mark.skipif(
     not hasattr(KVConnectorBase_V1, "get_external_cache_hit_sources"),
     reason=f"vLLM {vllm.__version__} counts no hits by source (vLLM 0.32 added that)",
 )
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def totals(h: Harness) -> dict[str, float]:

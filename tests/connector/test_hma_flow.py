@@ -29,16 +29,13 @@ from tests.connector.engine_config import (
     full_attention,
     make_kv_cache_config,
     make_vllm_config,
+    tokens,
     write_model_config,
 )
 from tests.connector.harness import Harness, make_harness
 
 CHUNK = 2 * BLOCK
 HMA = "MiniFlexHMAConnector"
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def needs_hma() -> None:

@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from miniflex.keys import chunk_key
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
 SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def resident(h: Harness, req_id: str) -> list[bool]:

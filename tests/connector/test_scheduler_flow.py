@@ -12,6 +12,7 @@ from vllm.v1.request import RequestStatus
 from miniflex.connector import MiniFlexConnector
 from miniflex.keys import chunk_key
 from miniflex.types import ReqId
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
 
 CHUNK = 2 * BLOCK
@@ -20,10 +21,6 @@ CHUNK = 2 * BLOCK
 @pytest.fixture
 def h(tmp_path: Path) -> Harness:
     return make_harness(tmp_path / "model")
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def pinned(h: Harness) -> int:

@@ -6,13 +6,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, make_harness
 
 CHUNK = 2 * BLOCK
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def test_unregistering_the_kv_cache_waits_for_copies_in_flight(tmp_path: Path) -> None:

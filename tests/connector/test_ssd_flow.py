@@ -46,16 +46,7 @@ def totals(h: Harness) -> dict[str, float]:
 def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:
     """Serve ``prompt`` with vLLM's copy dropped; returns tokens MiniFlex loaded (checked)."""
     assert h.sched.reset_prefix_cache()
-    req = h.add(req_id, prompt, max_tokens=2)
-    for _ in range(5):  # load, its completion, then scheduling with the prefix computed
-        so = h.step()
-        new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
-        if new is not None:
-            break
-    assert new is not None, f"{req_id} was never scheduled"
-    assert h.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
-    h.run()
-    return new.num_computed_tokens
+    return h.serve(req_id, prompt, steps=5)
 
 
 @pytest.fixture

@@ -15,13 +15,10 @@ from vllm.v1.request import RequestStatus
 
 from miniflex.connector import MiniFlexConnector
 from miniflex.plan import JobKind, LoadTiming
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def pinned(h: Harness) -> int:

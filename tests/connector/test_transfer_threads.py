@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from vllm.v1.request import RequestStatus
 
+from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 
 CHUNK = 2 * BLOCK
@@ -16,10 +17,6 @@ CHUNK = 2 * BLOCK
 @pytest.fixture
 def h(tmp_path: Path) -> Harness:
     return make_harness(tmp_path / "model")
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
 
 def wait_until_done(h: Harness, req_id: str, timeout_s: float = 10.0) -> bool:

@@ -61,16 +61,7 @@ def computed(model: Path, url: str, seed: int) -> None:
 
 def served(h: Harness, req_id: str, prompt: list[int]) -> int:
     """Serve ``prompt``; the tokens vLLM did not compute (loaded bytes checked exactly)."""
-    req = h.add(req_id, prompt, max_tokens=2)
-    for _ in range(8):
-        so = h.step()
-        new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
-        if new is not None:
-            break
-    assert new is not None, f"{req_id} was never scheduled"
-    assert h.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
-    h.run()
-    return new.num_computed_tokens
+    return h.serve(req_id, prompt)
 
 
 @pytest.fixture
