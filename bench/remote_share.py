@@ -14,7 +14,9 @@ and, per prompt:
 3. **cpu**: A's prompt again after vLLM's own copy was dropped, now a hit in
    B's CPU tier (what a single engine gets).
 
-TTFT is the wall time of a one-token request. The table and the JSON give the
+Both engines get ``PYTHONHASHSEED`` (0 unless set), so that they chain their block hashes
+from the same seed (vLLM 0.26 otherwise seeds them per process). TTFT is the wall time of
+a one-token request. The table and the JSON give the
 medians and ``recompute / remote``, the speed-up a replica gets from a prompt
 another replica computed. Without ``--url`` a private ``redis-server`` runs
 on a free port. Without ``--model``, the demo's locally generated model
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -210,6 +213,10 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
+    # Both engines must chain their block hashes from the same seed, or B cannot name A's
+    # chunks: vLLM 0.26 seeds them randomly per process unless PYTHONHASHSEED is set (the
+    # engine processes inherit it), as `miniflex serve` does for a remote tier.
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.dry_run:
         model = args.model or "(the demo's generated model)"
         plan = {"settings": vars(args), "engine": vars(_settings(args, model, 0))}
