@@ -157,7 +157,7 @@ class TransferPlan:
     full_graph: bool = False
     """The step may replay a full CUDA graph, which skips ``wait_for_layer_load``: a worker
     orders the forward after the step's in-step loads before it starts
-    (:mod:`miniflex.connector.cuda_graphs`)."""
+    (:mod:`miniflex.scheduler.cuda_graphs`)."""
 
 
 @dataclass(frozen=True)

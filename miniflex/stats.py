@@ -14,7 +14,7 @@ from miniflex.plan import JobKind, JobResult
 __all__ = ["CLOCKS", "TransferStats"]
 
 CLOCKS = ("scheduler_hook_seconds", "worker_hook_seconds", "thread_cpu_seconds")
-"""The counters of time taken from vLLM (``connector/hook_clock.py``)."""
+"""The counters of time taken from vLLM (``clocks.py``)."""
 
 
 @dataclass
@@ -50,7 +50,7 @@ class TransferStats:
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
     ttft_actual_s: float = 0.0
-    # Time taken from vLLM (connector/hook_clock.py): never a reason to report on their own.
+    # Time taken from vLLM (clocks.py): never a reason to report on their own.
     scheduler_hook_seconds: float = 0.0  # wall time in the scheduler-side hooks
     worker_hook_seconds: float = 0.0  # wall time in the worker-side hooks, all ranks
     thread_cpu_seconds: float = 0.0  # CPU time of MiniFlex's threads, all ranks

@@ -11,7 +11,7 @@ lookups and its stores. Two measurements per configuration:
 
 For MiniFlex the rows also give what it took from vLLM per batch round
 (median): the wall time of its hooks on vLLM's threads and the CPU time of its
-own threads (``connector/hook_clock.py``), where the driver can read them.
+own threads (``clocks.py``), where the driver can read them.
 
 The summary gives each configuration's throughput loss and TTFT increase
 against ``apc`` (the target for MiniFlex is at most 2%).

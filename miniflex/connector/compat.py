@@ -34,9 +34,9 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from miniflex.connector.cuda_graphs import EAGER, GraphRule
 from miniflex.connector.model_kinds import EngineLayout
-from miniflex.connector.requests import ScheduledReq
+from miniflex.scheduler.cuda_graphs import EAGER, GraphRule
+from miniflex.scheduler.requests import ScheduledReq
 from miniflex.types import BlockId, ReqId, Tier
 
 __all__ = [

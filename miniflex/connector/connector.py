@@ -25,25 +25,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from miniflex.clocks import HOOKS, timed_hook
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
-from miniflex.connector.handler import MiniFlexHandler
-from miniflex.connector.hits import load_tokens_by_tier
-from miniflex.connector.hook_clock import HOOKS, timed_hook
 from miniflex.connector.live_state import LiveState
-from miniflex.connector.manager import MiniFlexManager
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
-from miniflex.connector.remote_tier import WorkerRemote
 from miniflex.connector.scheduler_side import recompute_failed_loads, start_manager
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import namespace_for
 from miniflex.plan import JobKind, TransferPlan
 from miniflex.ranks import RankSetup, TPPlacement
+from miniflex.remote.tier import WorkerRemote
+from miniflex.scheduler.hits import load_tokens_by_tier
+from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.shared_pool import shared_pool_path
 from miniflex.types import ReqId
+from miniflex.worker.handler import MiniFlexHandler
 
 if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
@@ -350,7 +350,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """Never: vLLM keeps its full CUDA graphs. An in-step load, whose attention layers
         wait for their copy in ``wait_for_layer_load``, never relies on that hook in a step
-        that may replay a full graph (``connector/cuda_graphs.py``)."""
+        that may replay a full graph (``scheduler/cuda_graphs.py``)."""
         MiniFlexConfig.from_dict(extra_config)  # a bad setting fails here, before vLLM starts
         return False
 

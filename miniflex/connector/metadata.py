@@ -31,7 +31,7 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     probes: tuple[LoadProbe, ...] = ()
     """The start-up load probe, in the worker's first report."""
     hook_seconds: float = 0.0
-    """Wall seconds in the worker's hooks since its last report (``hook_clock.py``)."""
+    """Wall seconds in the worker's hooks since its last report (``clocks.py``)."""
     thread_cpu_seconds: float = 0.0
     """CPU seconds of the worker's transfer and SSD threads since its last report."""
 

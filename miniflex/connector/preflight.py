@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector import remote_tier
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 from miniflex.model_shape import ModelShape
 from miniflex.ranks import SINGLE_RANK, TPPlacement
+from miniflex.remote import tier as remote_tier
 from miniflex.ssd.backends import describe_backend
 from miniflex.ssd.preflight import check_ssd_tier
 from miniflex.units import format_bytes

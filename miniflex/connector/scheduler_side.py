@@ -11,11 +11,13 @@ import logging
 from typing import Any
 
 from miniflex.config import MiniFlexConfig, hash_seed_set
-from miniflex.connector import compat, remote_tier, ssd_tier
-from miniflex.connector.manager import MiniFlexManager
+from miniflex.connector import compat
 from miniflex.keys import Namespace
 from miniflex.layout import KVGeometry
 from miniflex.ranks import TPPlacement
+from miniflex.remote import tier as remote_tier
+from miniflex.scheduler import ssd_tier
+from miniflex.scheduler.manager import MiniFlexManager
 
 __all__ = ["recompute_failed_loads", "start_manager"]
 

@@ -36,7 +36,7 @@ class MiniFlexConnectorStats(KVConnectorStats):
             secs = d.get(f"{kind}_seconds", 0.0)
             out[f"{kind}_ms_avg"] = round(1e3 * secs / n, 3) if n else 0.0
             out[f"{kind}_GBps"] = round(d.get(f"{kind}_bytes", 0) / secs / 1e9, 3) if secs else 0.0
-        for clock in CLOCKS:  # connector/hook_clock.py
+        for clock in CLOCKS:  # clocks.py
             out[clock.removesuffix("_seconds") + "_ms"] = round(1e3 * d.get(clock, 0.0), 1)
         return out
 

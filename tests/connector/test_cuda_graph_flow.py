@@ -16,8 +16,8 @@ import pytest
 from vllm.v1.request import Request, RequestStatus
 
 from miniflex.connector import MiniFlexConnector
-from miniflex.connector.requests import ReqState
 from miniflex.plan import JobKind, LoadTiming
+from miniflex.scheduler.requests import ReqState
 from miniflex.types import ReqId
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness

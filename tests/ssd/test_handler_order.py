@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.handler import MiniFlexHandler
 from miniflex.plan import ChunkMove, JobId, JobKind, SlotCopy, TransferJob, TransferPlan
 from miniflex.ranks import RankSetup
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.worker.handler import MiniFlexHandler
 
 BLOCKS = 8
 SLOTS = 4

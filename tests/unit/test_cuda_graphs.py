@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from miniflex.connector.cuda_graphs import EAGER, GraphRule
+from miniflex.scheduler.cuda_graphs import EAGER, GraphRule
 
 DEFAULT = GraphRule(full_decode=True, full_mixed=False, decode_tokens=1, max_tokens=512)
 FULL = GraphRule(full_decode=True, full_mixed=True, decode_tokens=1, max_tokens=512)

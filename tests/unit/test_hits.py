@@ -1,11 +1,11 @@
-"""Per-tier hit accounting (``connector/hits.py``): how a load's tokens split by tier, as
+"""Per-tier hit accounting (``scheduler/hits.py``): how a load's tokens split by tier, as
 vLLM 0.32+ asks (get_external_cache_hit_sources)."""
 
 from __future__ import annotations
 
 from miniflex.connector import compat
-from miniflex.connector.hits import load_tokens_by_tier
-from miniflex.connector.requests import PendingLoad
+from miniflex.scheduler.hits import load_tokens_by_tier
+from miniflex.scheduler.requests import PendingLoad
 from miniflex.tiers import ChunkSource
 from miniflex.types import ChunkKey, SlotId, Tier
 

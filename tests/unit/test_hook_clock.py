@@ -1,4 +1,4 @@
-"""The clocks of ``hook_clock.py`` and how the counters they feed are reported."""
+"""The clocks of ``clocks.py`` and how the counters they feed are reported."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miniflex.connector.hook_clock import HOOKS, HookTally, ThreadClock, timed_hook
+from miniflex.clocks import HOOKS, HookTally, ThreadClock, timed_hook
 from miniflex.stats import TransferStats
 
 

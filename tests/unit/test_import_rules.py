@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[2] / "miniflex"
 ALLOWED: dict[str, tuple[str, ...]] = {
     # the facade, and the benchmarks that start engines (lazily)
     "vllm": ("connector/", "bench/"),
-    # KV tensors: movers, the connector's worker side, the demo's toy models, benchmarks
+    # KV tensors: movers, the worker half and the facade, the demo's toy models, benchmarks;
+    # never the scheduler half (scheduler/), which holds metadata only
     "torch": (
         "connector/",
+        "worker/",
         "gpu/",
         "bench/",
         "demo_core.py",
@@ -114,3 +116,27 @@ def test_a_vllm_worker_does_not_import_numba() -> None:
                     todo.append(parent)
     assert WORKER_ENTRY in seen and "miniflex.index.hashindex" in seen
     assert not bad, "numba is imported where a vLLM worker imports:\n" + "\n".join(bad)
+
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    # each half of the connector stands on its own; only the facade (connector/) sees both
+    "scheduler/": ("miniflex.connector", "miniflex.worker", "miniflex.bench"),
+    "worker/": ("miniflex.connector", "miniflex.scheduler", "miniflex.bench"),
+    # the layers under the halves import neither half, nor the facade
+    "tiers/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
+    "remote/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
+    "gpu/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
+    "ssd/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
+    "index/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
+}
+
+
+def test_the_halves_and_the_layers_under_them_never_import_upward() -> None:
+    bad = []
+    for path, imports in _parsed().values():
+        rel = path.relative_to(ROOT).as_posix()
+        banned = next((b for prefix, b in LAYERS.items() if rel.startswith(prefix)), ())
+        for module, _, line in imports:
+            if module.startswith(banned):
+                bad.append(f"miniflex/{rel}:{line} imports {module}")
+    assert not bad, "imports that go upward:\n" + "\n".join(sorted(set(bad)))

@@ -191,7 +191,7 @@ def test_a_pool_file_is_never_shared_by_two_live_pools(tmp_path: Path) -> None:
 
 
 def test_start_up_probe_times_both_load_paths_and_leaves_the_pool_alone() -> None:
-    from miniflex.connector.probe import probe_loads
+    from miniflex.worker.probe import probe_loads
 
     kv = make_cache("LBHNC", torch.bfloat16, 2)
     layout = layout_from_tensors(kv, 2)

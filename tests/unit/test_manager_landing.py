@@ -8,9 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.lookup import LANDING_WAIT_S
-from miniflex.connector.manager import MiniFlexManager
 from miniflex.keys import chunk_key
+from miniflex.scheduler.lookup import LANDING_WAIT_S
+from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.types import ReqId
 from tests.unit.test_keys import NS as TEST_NS
 

@@ -1,6 +1,6 @@
 """One transfer job run on a worker thread, turned into the ``JobResult`` it reports.
 
-Called by :class:`~miniflex.connector.handler.MiniFlexHandler`'s threads in plan
+Called by :class:`~miniflex.worker.handler.MiniFlexHandler`'s threads in plan
 order. Any exception is caught here and reported as a failed job (a failed
 load's blocks become load errors, so vLLM recomputes them): the worker boundary.
 A rank that does not write its cache's bytes (a replicated cache's rank > 0)
@@ -22,7 +22,7 @@ from miniflex.types import BlockId, ChunkKey
 
 __all__ = ["Promoted", "QueuedJob", "execute", "failed_result"]
 
-logger = logging.getLogger("miniflex.handler")
+logger = logging.getLogger(__name__)
 
 Promoted = tuple[set[ChunkKey], float, float]
 """A load's reads, done before its copies: keys that failed, seconds of the SSD reads and of

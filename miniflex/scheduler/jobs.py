@@ -23,9 +23,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from miniflex.connector.advisor import HitAdvisor
-from miniflex.connector.hits import credit, served_by_tier
-from miniflex.connector.requests import PendingLoad, ReqState
 from miniflex.keys import Namespace
 from miniflex.plan import (
     ChunkMove,
@@ -38,6 +35,9 @@ from miniflex.plan import (
     TransferJob,
 )
 from miniflex.remote.lookup import RemoteLookup
+from miniflex.scheduler.advisor import HitAdvisor
+from miniflex.scheduler.hits import credit, served_by_tier
+from miniflex.scheduler.requests import PendingLoad, ReqState
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, TierStack
 from miniflex.types import BlockId, ChunkKey, SlotId, Tier

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from miniflex.stats import TransferStats
 
 if TYPE_CHECKING:
-    from miniflex.connector.manager import MiniFlexManager
+    from miniflex.scheduler.manager import MiniFlexManager
 
 __all__ = ["manager_status"]
 

@@ -13,10 +13,10 @@ reused.
 from __future__ import annotations
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.manager import MiniFlexManager
 from miniflex.keys import Namespace
 from miniflex.layout import KVGeometry
 from miniflex.ranks import TPPlacement
+from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.ssd.store import rank_dirs, read_slots, slot_count
 
 __all__ = ["num_slots", "seed"]

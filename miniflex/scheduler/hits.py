@@ -21,7 +21,7 @@ from miniflex.plan import LoadTiming
 from miniflex.types import Tier
 
 if TYPE_CHECKING:
-    from miniflex.connector.requests import PendingLoad, ReqState
+    from miniflex.scheduler.requests import PendingLoad, ReqState
 
 __all__ = ["Hit", "credit", "load_tokens_by_tier", "served_by_tier", "tokens_by_tier"]
 

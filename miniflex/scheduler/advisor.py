@@ -26,9 +26,9 @@ import time
 from collections.abc import Iterable, Mapping
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.requests import ReqState
 from miniflex.cost import CostModel, Decision
 from miniflex.plan import JobResult, LoadProbe, LoadTiming
+from miniflex.scheduler.requests import ReqState
 from miniflex.stats import TransferStats
 from miniflex.tiers.hierarchy import WRITE_WAIT_S
 from miniflex.types import ReqId, Tier

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.advisor import HitAdvisor
 from miniflex.cost import CostModel
 from miniflex.keys import Namespace
+from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.tiers import TierStack
 from miniflex.tiers.admission import SSDAdmission
 from miniflex.types import ChunkKey, SlotId, Tier
@@ -31,7 +31,7 @@ def build_tiers(
     ``step_tokens``: vLLM's ``max_num_batched_tokens`` (0: unknown); ``max_model_len``:
     the longest prompt (its last chunk costs most to recompute); ``on_cpu_evict``: told of
     every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
-    :mod:`miniflex.connector.remote_puts`)."""
+    :mod:`miniflex.scheduler.remote_puts`)."""
     step_chunks = -(-step_tokens // ns.chunk_tokens)
     tiers = TierStack(
         num_slots,

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from miniflex.connector.hits import Hit
 from miniflex.index import keys_to_array
 from miniflex.plan import JobId, LoadTiming
+from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
 from miniflex.types import BlockId, ChunkKey, ReqId
 

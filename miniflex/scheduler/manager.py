@@ -4,9 +4,9 @@ It runs inside vLLM's scheduler (EngineCore process), owns the tier metadata
 and never touches KV bytes. Per engine step:
 
 1. ``lookup`` (from ``get_num_new_matched_tokens``): a side-effect-free prefix
-   match, answered as a frozen :class:`~miniflex.connector.hits.Hit`
-   (:class:`~miniflex.connector.lookup.HitLookup`; how much to load, and how,
-   is the :class:`~miniflex.connector.advisor.HitAdvisor`'s call).
+   match, answered as a frozen :class:`~miniflex.scheduler.hits.Hit`
+   (:class:`~miniflex.scheduler.lookup.HitLookup`; how much to load, and how,
+   is the :class:`~miniflex.scheduler.advisor.HitAdvisor`'s call).
 2. ``on_alloc`` (from ``update_state_after_alloc``): pins the hit chunks and
    records the blocks vLLM allocated for them.
 3. ``build_plan`` (from ``build_connector_meta``): demotions (CPU->SSD writes
@@ -17,7 +17,7 @@ and never touches KV bytes. Per engine step:
    releases.
 4. ``on_results`` (from ``update_connector_output``): two-phase commits of the
    jobs the workers finished, one record type per job kind
-   (:mod:`miniflex.connector.jobs`).
+   (:mod:`miniflex.scheduler.jobs`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.advisor import HitAdvisor
-from miniflex.connector.cuda_graphs import EAGER, GraphRule
-from miniflex.connector.hits import Hit
-from miniflex.connector.jobs import (
+from miniflex.cost import make_cost_model
+from miniflex.keys import Namespace
+from miniflex.plan import JobResult, LoadProbe, LoadTiming, TransferJob, TransferPlan
+from miniflex.remote.lookup import RemoteLookup
+from miniflex.scheduler.advisor import HitAdvisor
+from miniflex.scheduler.cuda_graphs import EAGER, GraphRule
+from miniflex.scheduler.hits import Hit
+from miniflex.scheduler.jobs import (
     ClearRecord,
     CommitContext,
     DemoteRecord,
@@ -38,15 +42,11 @@ from miniflex.connector.jobs import (
     LoadRecord,
     StoreRecord,
 )
-from miniflex.connector.lookup import LANDING_WAIT_S, HitLookup
-from miniflex.connector.manager_status import manager_status
-from miniflex.connector.remote_puts import RemotePuts
-from miniflex.connector.requests import PendingLoad, ReqState, ScheduledReq
-from miniflex.connector.tier_setup import build_tiers
-from miniflex.cost import make_cost_model
-from miniflex.keys import Namespace
-from miniflex.plan import JobResult, LoadProbe, LoadTiming, TransferJob, TransferPlan
-from miniflex.remote.lookup import RemoteLookup
+from miniflex.scheduler.lookup import LANDING_WAIT_S, HitLookup
+from miniflex.scheduler.manager_status import manager_status
+from miniflex.scheduler.remote_puts import RemotePuts
+from miniflex.scheduler.requests import PendingLoad, ReqState, ScheduledReq
+from miniflex.scheduler.tier_setup import build_tiers
 from miniflex.stats import TransferStats
 from miniflex.tiers import SlotTier
 from miniflex.tiers.remote_fetch import acquire_for_load
@@ -247,7 +247,7 @@ class MiniFlexManager:
     def on_clocks(
         self, scheduler_hooks: float = 0.0, worker_hooks: float = 0.0, thread_cpu: float = 0.0
     ) -> None:
-        """Time taken from vLLM since the last call (``connector/hook_clock.py``)."""
+        """Time taken from vLLM since the last call (``clocks.py``)."""
         self.stats.scheduler_hook_seconds += scheduler_hooks
         self.stats.worker_hook_seconds += worker_hooks
         self.stats.thread_cpu_seconds += thread_cpu

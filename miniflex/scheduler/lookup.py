@@ -4,8 +4,8 @@
 request's chunk keys, starting after vLLM's own GPU hit, across the CPU and SSD
 tiers and then, with ``remote_url``, the remote store (asked for the chunks
 after the local run, :mod:`miniflex.remote.lookup`), and how much of it to load,
-and how (the :class:`~miniflex.connector.advisor.HitAdvisor`'s call). The answer
-is a frozen :class:`~miniflex.connector.hits.Hit`. It touches no tier: vLLM may
+and how (the :class:`~miniflex.scheduler.advisor.HitAdvisor`'s call). The answer
+is a frozen :class:`~miniflex.scheduler.hits.Hit`. It touches no tier: vLLM may
 ask several times. What it keeps on the request is its keys (built once,
 extended as the prompt grows) and when it began waiting for a chunk landing on
 SSD.
@@ -24,15 +24,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from miniflex.connector.advisor import HitAdvisor
-from miniflex.connector.cuda_graphs import GraphRule
-from miniflex.connector.hits import Hit, tokens_by_tier
-from miniflex.connector.requests import ReqState
 from miniflex.cost import CostModel
 from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import LoadTiming
 from miniflex.remote.lookup import RemoteLookup
+from miniflex.scheduler.advisor import HitAdvisor
+from miniflex.scheduler.cuda_graphs import GraphRule
+from miniflex.scheduler.hits import Hit, tokens_by_tier
+from miniflex.scheduler.requests import ReqState
 from miniflex.tiers import TierStack
 from miniflex.types import ChunkKey, Tier
 

@@ -24,7 +24,7 @@ from miniflex.plan import ChunkMove, LoadProbe
 from miniflex.types import BlockId, SlotId
 
 if TYPE_CHECKING:
-    from miniflex.connector.remote_tier import WorkerRemote
+    from miniflex.remote.tier import WorkerRemote
     from miniflex.ssd.copier import SSDCopier
 
 __all__ = ["PROBE_CHUNKS", "probe_loads", "probe_rank"]

@@ -34,7 +34,7 @@ from miniflex.plan import JobResult, LoadTiming, TransferJob
 
 __all__ = ["StepLoads"]
 
-logger = logging.getLogger("miniflex.handler")
+logger = logging.getLogger(__name__)
 
 _UNWAITED = "the forward did not wait for every layer's copy"
 

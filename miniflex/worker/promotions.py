@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from miniflex.connector.job_runner import Promoted
 from miniflex.errors import TransferError
 from miniflex.plan import RemoteCopy, SlotCopy
 from miniflex.remote.fetch import RemoteFetcher
 from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import ChunkKey
+from miniflex.worker.job_runner import Promoted
 
 __all__ = ["PROMOTION_WAIT_S", "Promoter"]
 

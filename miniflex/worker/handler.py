@@ -53,14 +53,8 @@ from dataclasses import replace
 
 import torch
 
+from miniflex.clocks import ThreadClock
 from miniflex.config import MiniFlexConfig
-from miniflex.connector.hook_clock import ThreadClock
-from miniflex.connector.job_runner import QueuedJob, execute, failed_result
-from miniflex.connector.probe import probe_rank
-from miniflex.connector.promotions import Promoter
-from miniflex.connector.remote_tier import WorkerRemote
-from miniflex.connector.step_loads import StepLoads
-from miniflex.connector.step_timer import StepTimer
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
@@ -68,13 +62,19 @@ from miniflex.layout import KVLayout, layout_from_tensors
 from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
+from miniflex.remote.tier import WorkerRemote
 from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId, SlotId
+from miniflex.worker.job_runner import QueuedJob, execute, failed_result
+from miniflex.worker.probe import probe_rank
+from miniflex.worker.promotions import Promoter
+from miniflex.worker.step_loads import StepLoads
+from miniflex.worker.step_timer import StepTimer
 
 __all__ = ["MiniFlexHandler"]
 
-logger = logging.getLogger("miniflex.handler")
+logger = logging.getLogger(__name__)
 
 
 _GROUPS = {
@@ -359,7 +359,7 @@ class MiniFlexHandler:
         return sending, recving
 
     def take_probe(self) -> LoadProbe | None:
-        """The start-up load probe (:mod:`miniflex.connector.probe`), once."""
+        """The start-up load probe (:mod:`miniflex.worker.probe`), once."""
         out, self._probe = self._probe, None
         return out
 
