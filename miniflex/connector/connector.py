@@ -36,7 +36,7 @@ from miniflex.connector.scheduler_side import recompute_failed_loads, start_mana
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.errors import ConfigError, TransferError
 from miniflex.keys import namespace_for
-from miniflex.plan import JobKind, TransferPlan
+from miniflex.plan import TransferPlan
 from miniflex.ranks import RankSetup, TPPlacement
 from miniflex.remote.tier import WorkerRemote
 from miniflex.scheduler.hits import load_tokens_by_tier
@@ -44,6 +44,7 @@ from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.shared_pool import shared_pool_path
 from miniflex.types import ReqId
 from miniflex.worker.handler import MiniFlexHandler
+from miniflex.worker.step_driver import StepDriver
 
 if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
@@ -51,9 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["MiniFlexConnector"]
 
 logger = logging.getLogger("miniflex.connector")
-
-CLOCK_REPORT_S = 0.01
-"""A worker with nothing else to report sends its clocks once they hold this many seconds."""
 
 
 class MiniFlexConnector(KVConnectorBase_V1):
@@ -104,7 +102,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._live: LiveState | None = None  # scheduler: status file and /metrics levels
         self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
-        self._thread_cpu = 0.0  # worker: CPU time of its threads, not reported yet
+        self._step: StepDriver | None = None  # worker: the hooks of one engine step
         if role == KVConnectorRole.SCHEDULER:
             self._start_scheduler_side(vllm_config)
         else:
@@ -123,12 +121,18 @@ class MiniFlexConnector(KVConnectorBase_V1):
         writes = self.placement.writes(rank)  # the store is checked before vLLM allocates
         remote = WorkerRemote.open(self.config, self.ns.shard(rank).digest) if writes else None
         self._handler = MiniFlexHandler(self.config, remote)
+        self._step = StepDriver(self._handler)
 
     # ---------------- worker side ----------------
     @property
     def handler(self) -> MiniFlexHandler:
         assert self._handler is not None, "worker-side call on the scheduler connector"
         return self._handler
+
+    @property
+    def step(self) -> StepDriver:
+        assert self._step is not None, "worker-side call on the scheduler connector"
+        return self._step
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         rank = compat.tp_rank()
@@ -149,30 +153,28 @@ class MiniFlexConnector(KVConnectorBase_V1):
         assert isinstance(meta, MiniFlexMetadata)
         return meta.plan
 
+    def _plan_or_none(self) -> TransferPlan | None:
+        return self._plan() if self.has_connector_metadata() else None
+
+    # Each worker hook is one step of worker/step_driver.py, which says what and why.
     @timed_hook
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        # vLLM binds the step's metadata before the forward and calls wait_for_save
-        # after it (start_load_kv may come after the forward): time the forward from here.
         super().bind_connector_metadata(connector_metadata)
-        if self._handler is not None and isinstance(connector_metadata, MiniFlexMetadata):
-            self._handler.forward_started(connector_metadata.plan)
+        if self._step is not None and isinstance(connector_metadata, MiniFlexMetadata):
+            self._step.bound(connector_metadata.plan)
 
     @timed_hook
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, MiniFlexMetadata):
-            self.handler.wait_for(kv_connector_metadata.plan.preempted)
+            self.step.preempted(kv_connector_metadata.plan)
 
     @timed_hook
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        plan = self._plan()
-        self.handler.wait_for(plan.preempted)
-        self.handler.submit(plan, JobKind.LOAD)
+        self.step.before_forward(self._plan())
 
     @timed_hook
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Before each attention layer (vLLM's maybe_transfer_kv_layer, 0.26 and 0.32):
-        # order it after this step's SYNC/LAYERWISE loads; a no-op without them.
-        self.handler.wait_layer(layer_name)
+        self.step.layer(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -181,43 +183,22 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def wait_for_save(self) -> None:
-        # Stores are planned only for steps that compute, and vLLM calls this after
-        # every forward (with speculative decoding, after the drafter's too).
-        if self.has_connector_metadata():
-            plan = self._plan()
-            self.handler.forward_issued(plan)
-            self.handler.finish_step_loads()
-            self.handler.submit(plan, JobKind.STORE)
+        self.step.after_forward(self._plan_or_none())
 
     @timed_hook
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self.has_connector_metadata():
-            plan = self._plan()
-            # 0.26 skips start_load_kv on empty steps; a load inside a step issued this
-            # late (after the forward) is reported failed, never read unloaded.
-            self.handler.submit(plan, JobKind.LOAD, before_forward=False)
-            self.handler.release_when_saved(plan)
-        # Before the load errors are collected: with a drafter vLLM calls wait_for_save later.
-        self.handler.finish_step_loads()
-        sending, recving = self.handler.poll()
-        return sending or None, recving or None
+        return self.step.finished(self._plan_or_none())
 
     @timed_hook
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return set(self.handler.take_load_errors())
+        return self.step.load_errors()
 
     @timed_hook
     def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
-        results = self.handler.take_results()
-        steps = self.handler.take_step_times()
-        probe = self.handler.take_probe()
-        probes = (probe,) if probe is not None else ()
-        cpu = self._thread_cpu + self.handler.take_thread_cpu()
-        if not (results or steps or probes) and self.hook_seconds + cpu < CLOCK_REPORT_S:
-            self._thread_cpu = cpu  # the clocks alone wait until they are worth a report
-            return None
-        hooks, self.hook_seconds, self._thread_cpu = self.hook_seconds, 0.0, 0.0
-        return MiniFlexWorkerMeta(tuple(results), tuple(steps), probes, hooks, cpu)
+        report = self.step.report(self.hook_seconds)
+        if report is not None:
+            self.hook_seconds = 0.0
+        return MiniFlexWorkerMeta(*report) if report is not None else None
 
     @timed_hook
     def unregister_kv_caches(self) -> None:
