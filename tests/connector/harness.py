@@ -197,9 +197,10 @@ class Harness:
         assert self.sched.reset_prefix_cache()
         return self.free_blocks()
 
-    def serve(self, req_id: str, prompt: list[int], steps: int = 8) -> int:
+    def serve(self, req_id: str, prompt: list[int], steps: int = 8, read: bool = False) -> int:
         """Serve ``prompt`` to the end; returns the tokens vLLM did not compute when it
-        scheduled the request (what it loaded, checked byte for byte)."""
+        scheduled the request (what it loaded, checked byte for byte). ``read``: instead,
+        check what every rank's next forward read of the whole prompt."""
         req = self.add(req_id, prompt, max_tokens=2)
         for _ in range(steps):  # a load, its completion, then scheduling with the prefix
             so = self.step()
@@ -207,7 +208,11 @@ class Harness:
             if new is not None:
                 break
         assert new is not None, f"{req_id} was never scheduled"
-        assert self.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
+        if read:
+            self.step()  # the next forward reads the whole prefix, loaded or recomputed
+            assert self.read_matches(req, len(prompt) // BLOCK)
+        else:
+            assert self.loaded_blocks_match(req, new.num_computed_tokens // BLOCK)
         self.run()
         return new.num_computed_tokens
 

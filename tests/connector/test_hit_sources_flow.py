@@ -16,9 +16,9 @@ import pytest
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from miniflex.connector import MiniFlexConnector
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import totals as summed_totals
 
 CHUNK = 2 * BLOCK
 SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
@@ -30,10 +30,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def totals(h: Harness) -> dict[str, float]:
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
-    return dict(stats.data)
+    return summed_totals(h.kv_stats)
 
 
 @pytest.fixture

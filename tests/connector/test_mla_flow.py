@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector import MiniFlexConnector
 from miniflex.ssd.store import DATA_FILE, rank_dirs
+from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, LAYERS, Harness, make_harness
+from tests.connector.stats_sum import totals as summed_totals
 
 CHUNK = 2 * BLOCK
 CHUNKS = 5
@@ -23,31 +24,18 @@ SLOT = 4096  # 2 layers x 2 blocks x (16 tokens x 32 values x 2 bytes)
 
 
 def tokens(seed: int, n: int = CHUNKS * CHUNK + 10) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+    return prompt_tokens(seed, n)
 
 
 def totals(h: Harness) -> dict[str, float]:
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
-    return dict(stats.data)
+    return summed_totals(h.kv_stats)
 
 
 def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:
     """Serve ``prompt`` with vLLM's copy dropped; returns the tokens not computed, after
     checking every rank's forward read the right latent pages."""
     assert h.sched.reset_prefix_cache()
-    req = h.add(req_id, prompt, max_tokens=2)
-    for _ in range(6):
-        so = h.step()
-        new = next((r for r in so.scheduled_new_reqs if r.req_id == req_id), None)
-        if new is not None:
-            break
-    assert new is not None, f"{req_id} was never scheduled"
-    h.step()
-    assert h.read_matches(req, len(prompt) // BLOCK)
-    h.run()
-    return new.num_computed_tokens
+    return h.serve(req_id, prompt, steps=6, read=True)
 
 
 def mla(tmp_path: Path, tp: int, **extra: object) -> Harness:

@@ -9,11 +9,11 @@ import pytest
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
-from miniflex.connector import MiniFlexConnector
 from miniflex.keys import chunk_key
 from miniflex.types import ReqId
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
+from tests.connector.stats_sum import summed_stats
 
 CHUNK = 2 * BLOCK
 
@@ -44,9 +44,7 @@ def test_async_load_restores_exact_bytes_then_computes_the_rest(h: Harness) -> N
     assert pinned(h) == 0 and h.free_blocks() == total
 
     # what vLLM's stats loggers receive, rebuilt and summed as its logging process does
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
+    stats = summed_stats(h.kv_stats)
     assert stats.data["hit_tokens_cpu"] == 5 * CHUNK
     assert stats.data["stored_tokens"] == 5 * CHUNK  # a's chunks; b's were already there
     assert stats.data["loads"] == 1 and stats.data["failed_jobs"] == 0

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector import MiniFlexConnector
 from miniflex.ssd.store import DATA_FILE, rank_dirs
+from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import totals as summed_totals
 
 CHUNK = 2 * BLOCK
 CHUNKS = 5
@@ -22,7 +23,7 @@ SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
 
 
 def tokens(seed: int, n: int = CHUNKS * CHUNK + 10) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+    return prompt_tokens(seed, n)
 
 
 def harness(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
@@ -37,10 +38,7 @@ def harness(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
 
 
 def totals(h: Harness) -> dict[str, float]:
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
-    return dict(stats.data)
+    return summed_totals(h.kv_stats)
 
 
 def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:

@@ -13,10 +13,10 @@ import pytest
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
-from miniflex.connector import MiniFlexConnector
 from miniflex.plan import JobKind, LoadTiming
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import totals as summed_totals
 
 CHUNK = 2 * BLOCK
 
@@ -30,10 +30,7 @@ def load_jobs(so: SchedulerOutput) -> list:
 
 
 def counters(h: Harness) -> dict:
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
-    return stats.data
+    return summed_totals(h.kv_stats)
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector import MiniFlexConnector
 from miniflex.errors import RemoteError
 from miniflex.inspect_status import inspect_status
 from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
+from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import totals as summed_totals
 from tests.remote.conftest import NEEDS_SERVER
 
 pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
@@ -32,7 +33,7 @@ PROMPT = CHUNKS * CHUNK + 10
 
 
 def tokens(seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(PROMPT)]
+    return prompt_tokens(seed, PROMPT)
 
 
 def engine(model: Path, url: str, **extra: object) -> Harness:
@@ -45,10 +46,7 @@ def engine(model: Path, url: str, **extra: object) -> Harness:
 
 
 def totals(h: Harness) -> dict[str, float]:
-    stats = MiniFlexConnector.build_kv_connector_stats({})
-    for data in h.kv_stats:
-        stats.aggregate(MiniFlexConnector.build_kv_connector_stats(data))
-    return dict(stats.data)
+    return summed_totals(h.kv_stats)
 
 
 def computed(model: Path, url: str, seed: int) -> None:
