@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from miniflex.bench.configs import TierSizes, parse_configs
-from miniflex.bench.offline_driver import EngineSettings, OfflineDriver
+from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
+from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
 
 STEPS = ("recompute", "remote", "cpu")
@@ -232,11 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             LocalServer(tmp, maxmemory=args.server_memory) as srv,
         ):
             result = measure(srv.url, args)
-    import torch
-
-    from miniflex.bench.provenance import provenance
-
-    result["provenance"] = provenance(torch.cuda.is_available(), args.commit)
+    result["provenance"] = provenance(on_cuda(), args.commit)
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

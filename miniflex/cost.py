@@ -161,10 +161,10 @@ class CostModel:
         chunk); before a fit, the mean seconds per token of the prefill steps seen (None:
         none seen yet)."""
         ct = self.chunk_tokens
-        if self.prefill is not None:
-            return self.prefill.per_token * ct + self.prefill.per_pair * ct * max(0, end - ct / 2)
-        tokens, seconds = self._prefill_totals
-        return seconds / tokens * ct if tokens > 0 else None
+        fit = self.prefill or self._rough_fit()
+        if fit is None:
+            return None
+        return fit.per_token * ct + fit.per_pair * ct * max(0, end - ct / 2)
 
     def _rough_fit(self) -> PrefillFit | None:
         """Before a fit: the mean seconds per token of the prefill steps seen (None: none

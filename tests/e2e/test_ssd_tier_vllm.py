@@ -9,7 +9,6 @@ on SSD without having computed anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,6 @@ from tests.e2e.engine import close, expected_hit, make_llm, prompt, run
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def ssd_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with o_direct_dir(tmp_path_factory.mktemp("ssd")) as path:
-        yield path
 
 
 def test_overflow_is_served_from_ssd_identically_and_survives_a_restart(

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from miniflex.connector.offline_llm import evict_gpu_prefix_cache
-from tests.conftest import o_direct_dir
 from tests.e2e.engine import (
     CHUNK_TOKENS,
     close,
@@ -32,12 +30,6 @@ from tests.e2e.engine import (
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def ssd_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with o_direct_dir(tmp_path_factory.mktemp("ssd")) as path:
-        yield path
 
 
 def on_ssd(status_file: Path, chunks: int, timeout_s: float = 60.0) -> bool:
