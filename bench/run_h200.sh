@@ -33,7 +33,9 @@
 # or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
 # commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
-# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines).
+# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines), VERBOSE=1 (vLLM's
+# and MiniFlex's INFO log into OUT_DIR/<part>.log, with the time per connector hook that each
+# engine logs when it shuts down).
 # LMCache is a row of its own with e.g. CONFIGS=apc,miniflex-cpu,native,lmcache once it is
 # importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
 # after vLLM); otherwise that row is left out and the output says why.
@@ -71,7 +73,7 @@ run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
   shift 2
   echo "[run_h200] $(date +%T) $name: miniflex bench $workloads $*"
   timeout -s INT -k 60 "$LIMIT_S" \
-    "$PY" -m miniflex.cli bench "$workloads" --configs "$CONFIGS" "$@" "${COMMON[@]}" \
+    "$PY" -m miniflex.cli ${VERBOSE:+-v} bench "$workloads" --configs "$CONFIGS" "$@" "${COMMON[@]}" \
     "${EXTRA[@]}" \
     > "$OUT/$name.txt" 2> "$OUT/$name.log"
   local rc=$?
