@@ -39,6 +39,8 @@ class EvictionPolicy(ABC):
     ``IndexError`` from every method except ``in``, which answers False):
 
     * :meth:`touch` makes a slot resident and records a use of it.
+    * :meth:`touch_cold` makes a slot resident as the first victim (cold) until
+      a :meth:`touch`.
     * :meth:`remove` forgets a freed slot; a no-op for a slot not resident.
     * :meth:`pin` / :meth:`unpin` raise / lower the slot's pin count. Pin
       counts are independent of residency: a slot may be pinned before it is
@@ -65,6 +67,16 @@ class EvictionPolicy(ABC):
 
         A pinned slot stays pinned; the use only affects where it goes once it
         is unpinned (if the policy cares about recency at all).
+        """
+
+    @abstractmethod
+    def touch_cold(self, slot: SlotId) -> None:
+        """Make ``slot`` resident as the next victim, ahead of every other candidate.
+
+        For data few requests will use again: it stays while nothing needs its
+        slot and is evicted first. While pinned it keeps that place for when it
+        is unpinned. A later :meth:`touch` counts as a use and ends the cold
+        standing. On a slot already resident and not cold this changes nothing.
         """
 
     @abstractmethod
@@ -118,7 +130,7 @@ class _ListPolicy(EvictionPolicy):
 
     _MOVE_ON_TOUCH: ClassVar[bool]
 
-    __slots__ = ("_count", "_n", "_next", "_pins", "_prev", "_res", "_storage")
+    __slots__ = ("_cold", "_count", "_n", "_next", "_pins", "_prev", "_res", "_storage")
 
     def __init__(self, num_slots: int) -> None:
         """Track ``num_slots`` (>= 0) slots, none resident or pinned."""
@@ -131,11 +143,13 @@ class _ListPolicy(EvictionPolicy):
         nxt[n] = n
         pins = np.zeros(n, dtype=np.int32)
         res = np.zeros(n, dtype=np.uint8)
-        self._storage = (prev, nxt, pins, res)  # keeps the buffers alive and inspectable
+        cold = np.zeros(n, dtype=np.uint8)  # linked (or to be linked) at the head
+        self._storage = (prev, nxt, pins, res, cold)  # keeps the buffers alive, inspectable
         self._prev = memoryview(prev)
         self._next = memoryview(nxt)
         self._pins = memoryview(pins)
         self._res = memoryview(res)
+        self._cold = memoryview(cold)
         self._n = n
         self._count = 0
 
@@ -162,6 +176,15 @@ class _ListPolicy(EvictionPolicy):
         self._next[s] = n
         prev[n] = s
 
+    def _link_head(self, s: int) -> None:
+        nxt = self._next
+        n = self._n
+        h = nxt[n]
+        self._prev[h] = s
+        nxt[s] = h
+        self._prev[s] = n
+        nxt[n] = s
+
     @property
     def num_slots(self) -> int:
         return self._n
@@ -169,20 +192,34 @@ class _ListPolicy(EvictionPolicy):
     def touch(self, slot: SlotId) -> None:
         s = self._check(slot)
         if self._res[s]:
-            if self._MOVE_ON_TOUCH and not self._pins[s]:
+            was_cold = self._cold[s]
+            self._cold[s] = 0
+            if (self._MOVE_ON_TOUCH or was_cold) and not self._pins[s]:
                 self._unlink(s)
                 self._link_tail(s)
             return
         self._res[s] = 1
+        self._cold[s] = 0
         self._count += 1
         if not self._pins[s]:
             self._link_tail(s)
+
+    def touch_cold(self, slot: SlotId) -> None:
+        s = self._check(slot)
+        if self._res[s]:
+            return
+        self._res[s] = 1
+        self._cold[s] = 1
+        self._count += 1
+        if not self._pins[s]:
+            self._link_head(s)
 
     def remove(self, slot: SlotId) -> None:
         s = self._check(slot)
         if not self._res[s]:
             return
         self._res[s] = 0
+        self._cold[s] = 0
         self._count -= 1
         if not self._pins[s]:
             self._unlink(s)
@@ -201,7 +238,10 @@ class _ListPolicy(EvictionPolicy):
             raise AssertionError(f"unpin of slot {s}, which is not pinned")
         self._pins[s] = count - 1
         if count == 1 and self._res[s]:
-            self._link_tail(s)
+            if self._cold[s]:
+                self._link_head(s)
+            else:
+                self._link_tail(s)
 
     def evict(self) -> SlotId | None:
         s = self._next[self._n]
@@ -209,6 +249,7 @@ class _ListPolicy(EvictionPolicy):
             return None
         self._unlink(s)
         self._res[s] = 0
+        self._cold[s] = 0
         self._count -= 1
         return SlotId(s)
 
@@ -239,7 +280,7 @@ class LRUPolicy(_ListPolicy):
     """Evicts the least recently used unpinned slot.
 
     Uses are :meth:`touch` and the moment a slot's pin count drops back to 0
-    (it then counts as just used).
+    (it then counts as just used; a cold slot goes back to the head instead).
     """
 
     _MOVE_ON_TOUCH = True

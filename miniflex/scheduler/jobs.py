@@ -237,8 +237,10 @@ class StoreRecord(JobRecord):
         ctx.tiers.complete_store(self.placed, self.ok)
         if st is not None:
             st.store_jobs.discard(self.job.job_id)
-            # a prompt stored over several steps: its head becomes the most recent
-            ctx.tiers.touch(st.key_array[: st.stored_chunks])
+            # a prompt stored over several steps: its head becomes the most recent (chunks
+            # of generated tokens keep their place at the cold end)
+            warm = min(st.stored_chunks, st.prompt_chunks(ctx.ns.chunk_tokens))
+            ctx.tiers.touch(st.key_array[:warm])
         if self.ok:
             ctx.stats.stored_tokens += len(self.placed) * ctx.ns.chunk_tokens
         else:

@@ -101,6 +101,8 @@ class HitLookup:
         """
         st.num_computed_tokens = num_computed
         st.num_prompt_tokens = num_tokens
+        if st.prompt_end is None:
+            st.prompt_end = num_tokens
         keys = self.keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct

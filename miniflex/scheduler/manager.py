@@ -143,10 +143,13 @@ class MiniFlexManager:
     def lookup(
         self, req_id: ReqId, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
     ) -> Hit:
-        """What MiniFlex can load beyond ``num_computed``; no side effect on the tiers. The
-        request remembers the hit until the next lookup (``on_alloc`` pins it)."""
+        """What MiniFlex can load beyond ``num_computed``. The request remembers the hit
+        until the next lookup (``on_alloc`` pins it), and its chunks count as just used: a
+        request that waits for vLLM's KV space is looked up again every step, and keeps its
+        hit while it waits instead of losing it to the stores of the requests running."""
         st = self.state_for(req_id)
         st.hit = self._lookup.find(st, block_hashes, num_tokens, num_computed)
+        self.tiers.touch(st.key_array)
         return st.hit
 
     # ---- 2. allocation ----
@@ -293,7 +296,9 @@ class MiniFlexManager:
             return None
         first = st.stored_chunks
         st.stored_chunks = full
-        placed = self.tiers.prepare_store(keys[first:full])
+        # chunks of generated tokens go in coldest: they never push a prompt out
+        cold_from = max(0, st.prompt_chunks(self.ns.chunk_tokens) - first)
+        placed = self.tiers.prepare_store(keys[first:full], cold_from)
         # chunks neither placed nor already in CPU found no slot (every one pinned): lost
         done = {k for k, _ in placed}
         self.stats.stores_skipped += sum(

@@ -49,6 +49,9 @@ class ReqState:
     block_ids: list[BlockId] = field(default_factory=list)
     num_computed_tokens: int = 0  # vLLM's hit at the last lookup
     num_prompt_tokens: int = 0  # the request's length at the last lookup
+    prompt_end: int | None = None
+    """The prompt's length: the request's length at its first lookup, before any output.
+    Chunks past it hold generated tokens, which MiniFlex stores at the lowest priority."""
     hit: Hit = field(default_factory=Hit)  # what the last lookup found
     decided: bool = False  # the cost model's decision was counted in stats
     ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
@@ -64,6 +67,11 @@ class ReqState:
     landing_since: float | None = None
     """When lookups began waiting for a chunk on its way to SSD (None: not waiting)."""
     stored_tokens: int = 0
+
+    def prompt_chunks(self, chunk_tokens: int) -> int:
+        """How many leading chunks hold prompt tokens only (the rest hold output too)."""
+        end = self.prompt_end if self.prompt_end is not None else self.num_prompt_tokens
+        return end // chunk_tokens
 
     @property
     def busy(self) -> bool:

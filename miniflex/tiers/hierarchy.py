@@ -226,8 +226,11 @@ class TierStack(SSDWriteBack):
             self.ssd.touch(keys)
 
     # ---- stores ----
-    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
-        placed = self.cpu.prepare_store(keys)
+    def prepare_store(
+        self, keys: Sequence[ChunkKey], cold_from: int | None = None
+    ) -> list[tuple[ChunkKey, SlotId]]:
+        """CPU slots for ``keys`` (see :meth:`SlotTier.prepare_store`)."""
+        placed = self.cpu.prepare_store(keys, cold_from)
         self._write_ahead()
         return placed
 

@@ -114,16 +114,23 @@ class SlotTier:
             self._unpin(slot)
 
     # ---- stores ----
-    def prepare_store(self, keys: Sequence[ChunkKey]) -> list[tuple[ChunkKey, SlotId]]:
+    def prepare_store(
+        self, keys: Sequence[ChunkKey], cold_from: int | None = None
+    ) -> list[tuple[ChunkKey, SlotId]]:
         """Allocate and pin slots for the ``keys`` not already resident or being stored.
 
         Resident keys are touched first so that making room never evicts the
         prefix being extended. Stops early (returns fewer placements) when no
-        slot can be freed because everything left is pinned.
+        slot can be freed because everything left is pinned. ``keys[cold_from:]``
+        (generated tokens, which few later prompts repeat) are placed at the cold
+        end of the eviction order (:meth:`EvictionPolicy.touch_cold`): they stay
+        while there is room and are the first to go, so they never push out a
+        prompt another request may hit. A later hit warms them like any chunk.
         """
-        self.touch(keys)
+        cold = len(keys) if cold_from is None else max(0, cold_from)
+        self.touch(keys[:cold])
         placed: list[tuple[ChunkKey, SlotId]] = []
-        for key in keys:
+        for i, key in enumerate(keys):
             if key in self._index or key in self._storing:
                 continue
             slot = self._allocate()
@@ -131,7 +138,10 @@ class SlotTier:
                 break
             self._storing[key] = (slot, self._generation)
             self._slot_key[slot] = key
-            self._policy.touch(slot)
+            if i < cold:
+                self._policy.touch(slot)
+            else:
+                self._policy.touch_cold(slot)
             self._policy.pin(slot)
             placed.append((key, slot))
         return placed

@@ -99,14 +99,18 @@ class Harness:
         assert isinstance(conn, MiniFlexConnector)
         return conn
 
-    def add(self, req_id: str, tokens: list[int], max_tokens: int = 1) -> Request:
+    def add(
+        self, req_id: str, tokens: list[int], max_tokens: int = 1, schedule: bool = True
+    ) -> Request:
+        """A request, added to vLLM's scheduler unless ``schedule`` is False."""
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         sp.update_from_generation_config({}, 2)
         req = Request(
             req_id, tokens, sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256)
         )
         self.requests[req_id] = req
-        self.sched.add_request(req)
+        if schedule:
+            self.sched.add_request(req)
         return req
 
     def step(

@@ -30,3 +30,33 @@ def test_a_prompt_stored_over_several_steps_is_evicted_from_its_tail(tmp_path: P
     assert resident(h, "b") == [True] * 5
     c = h.add("c", tokens(0, 5 * CHUNK + 10))
     assert h.manager_side.get_num_new_matched_tokens(c, 0)[0] == 3 * CHUNK
+
+
+def test_a_request_waiting_for_kv_space_keeps_its_hit(tmp_path: Path) -> None:
+    """vLLM looks a waiting request up again every step until it has KV space; each lookup
+    counts as a use, so the stores of the requests running meanwhile take other chunks."""
+    h = make_harness(tmp_path / "model", cpu_bytes=str(6 * SLOT))
+    a = tokens(0, 3 * CHUNK + 10)
+    h.cached_in_miniflex_only("a", a)
+    h.cached_in_miniflex_only("b", tokens(1, 3 * CHUNK + 10))  # full: a is the oldest
+    waiting = h.add("a-again", a, schedule=False)
+    assert h.manager_side.get_num_new_matched_tokens(waiting, 0)[0] == 3 * CHUNK
+    h.cached_in_miniflex_only("c", tokens(2, 2 * CHUNK + 10))  # two slots: b's tail goes
+    assert resident(h, "a") == [True] * 3
+    assert resident(h, "b") == [True, False, False]
+    assert h.manager_side.get_num_new_matched_tokens(waiting, 0)[0] == 3 * CHUNK
+
+
+def test_chunks_of_generated_tokens_go_before_any_prompt(tmp_path: Path) -> None:
+    """A request's output is stored too (a follow-up turn may repeat it), but at the cold
+    end: a full tier gives it up before an older prompt."""
+    h = make_harness(tmp_path / "model", cpu_bytes=str(7 * SLOT))
+    h.cached_in_miniflex_only("b", tokens(1, 3 * CHUNK + 10))
+    h.add("chat", tokens(0, 2 * CHUNK), max_tokens=2 * CHUNK + 4)  # 2 chunks out
+    h.run()
+    assert h.sched.reset_prefix_cache()
+    assert resident(h, "chat") == [True] * 4 and resident(h, "b") == [True] * 3  # full
+    h.cached_in_miniflex_only("c", tokens(2, 1 * CHUNK + 10))
+    h.cached_in_miniflex_only("d", tokens(3, 1 * CHUNK + 10))
+    assert resident(h, "chat") == [True, True, False, False]  # its output, not b, went
+    assert resident(h, "b") == [True] * 3

@@ -29,17 +29,34 @@ class PolicyModel:
         self.resident: set[int] = set()
         self.pins = [0] * num_slots
         self.queue: OrderedDict[int, None] = OrderedDict()  # resident and unpinned
+        self.cold: set[int] = set()  # resident, at the front until touched
+
+    def _enqueue(self, s: int) -> None:
+        self.queue[s] = None
+        if s in self.cold:
+            self.queue.move_to_end(s, last=False)
 
     def touch(self, s: int) -> None:
+        was_cold = s in self.cold
+        self.cold.discard(s)
         if s not in self.resident:
             self.resident.add(s)
             if self.pins[s] == 0:
                 self.queue[s] = None
-        elif self.pins[s] == 0 and self.move_on_touch:
+        elif self.pins[s] == 0 and (self.move_on_touch or was_cold):
             self.queue.move_to_end(s)
+
+    def touch_cold(self, s: int) -> None:
+        if s in self.resident:
+            return
+        self.resident.add(s)
+        self.cold.add(s)
+        if self.pins[s] == 0:
+            self._enqueue(s)
 
     def remove(self, s: int) -> None:
         self.resident.discard(s)
+        self.cold.discard(s)
         self.queue.pop(s, None)
 
     def pin(self, s: int) -> None:
@@ -49,13 +66,14 @@ class PolicyModel:
     def unpin(self, s: int) -> None:
         self.pins[s] -= 1
         if self.pins[s] == 0 and s in self.resident:
-            self.queue[s] = None
+            self._enqueue(s)
 
     def evict(self) -> int | None:
         if not self.queue:
             return None
         s, _ = self.queue.popitem(last=False)
         self.resident.remove(s)
+        self.cold.discard(s)
         return s
 
 
@@ -82,6 +100,12 @@ class PolicyVsModel(RuleBasedStateMachine):
     def touch(self, drawn: int) -> None:
         self.policy.touch(self.slot(drawn))
         self.model.touch(self.slot(drawn))
+
+    @precondition(lambda self: self.n > 0)
+    @rule(drawn=slot_draw)
+    def touch_cold(self, drawn: int) -> None:
+        self.policy.touch_cold(self.slot(drawn))
+        self.model.touch_cold(self.slot(drawn))
 
     @precondition(lambda self: self.n > 0)
     @rule(drawn=slot_draw)
@@ -258,3 +282,15 @@ def test_unknown_policy_name_error_lists_the_valid_names() -> None:
         make_policy("arc", 4)
     with pytest.raises(ValueError):
         make_policy("lru", -1)
+
+
+@pytest.mark.parametrize("cls", [LRUPolicy, FIFOPolicy])
+def test_a_cold_slot_is_evicted_first_until_it_is_used(cls: type[LRUPolicy]) -> None:
+    p = touched(cls(5), 0, 1)
+    p.touch_cold(SlotId(2))
+    p.touch_cold(SlotId(3))
+    p.pin(SlotId(3))
+    p.unpin(SlotId(3))  # unpinned (its store done), a cold slot goes back to the front
+    p.touch_cold(SlotId(0))  # already resident and used: stays where it is
+    p.touch(SlotId(2))  # used by a request: now the most recent
+    assert drain(p) == [3, 0, 1, 2]

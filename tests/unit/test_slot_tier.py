@@ -145,3 +145,18 @@ def test_slots_are_never_shared_or_lost(ops: list[tuple[str, list[int]]]) -> Non
         usage = tier.usage()
         assert usage.resident + usage.free == 5 and usage.pinned_or_moving == 0
         assert all(isinstance(s, int) and 0 <= s < 5 for s in slots if s is not None)
+
+
+def test_generated_tokens_go_first_and_never_push_out_a_prompt() -> None:
+    tier = SlotTier(Tier.CPU, 4)
+    prompt, output = keys(1, 2), keys(3)
+    tier.complete_store(tier.prepare_store([*prompt, *output], cold_from=2), ok=True)
+    other = keys(7)
+    tier.complete_store(tier.prepare_store(other), ok=True)  # the last free slot
+    tier.complete_store(tier.prepare_store(keys(8)), ok=True)  # evicts the output chunk
+    assert tier.match(prompt) == 2 and output[0] not in tier and other[0] in tier
+    # a cold chunk a later request uses is kept like any other
+    tier.complete_store(tier.prepare_store(keys(20), cold_from=0), ok=True)
+    tier.touch(keys(20))
+    tier.complete_store(tier.prepare_store(keys(21)), ok=True)
+    assert keys(20)[0] in tier and prompt[1] not in tier  # the oldest prompt's tail went
