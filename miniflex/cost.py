@@ -173,6 +173,13 @@ class CostModel:
         tokens, seconds = self._prefill_totals
         return PrefillFit(0.0, seconds / tokens, 0.0) if tokens > 0 else None
 
+    def loses_to_recompute(self, tier: Tier, prompt_tokens: int) -> bool:
+        """Whether loading a chunk from ``tier`` is predicted slower than recomputing even
+        the costliest chunk of a prompt of ``prompt_tokens`` (its last); False before any
+        prefill step was seen."""
+        recompute = self.chunk_recompute_seconds(prompt_tokens)
+        return recompute is not None and self.chunk_load_seconds(tier) > recompute
+
     def chunk_load_seconds(self, tier: Tier) -> float:
         copy = self.chunk_bytes / self.bandwidth[Tier.CPU]
         return copy if tier is Tier.CPU else copy + self.chunk_bytes / self.bandwidth[tier]

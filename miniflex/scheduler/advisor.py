@@ -52,6 +52,7 @@ class HitAdvisor:
         self._ttft_pending: dict[int, list[ReqId]] = {}  # step -> requests whose prefill ends
         self._planning: list[ReqState] = []  # requests of the step being planned
         self._last_step: list[ReqState] = []  # those of the last planned step
+        self._asking: dict[Tier, bool] = {}  # worth_asking's last answer, logged on a change
 
     # ---- decisions ----
     def decide(
@@ -81,6 +82,28 @@ class HitAdvisor:
         else:
             timing = LoadTiming(mode)
         return n, timing, decision
+
+    def worth_asking(self, tier: Tier, prompt_tokens: int) -> bool:
+        """Whether a lookup should ask ``tier`` (the remote store) at all: not when no chunk
+        of it would be loaded (``hit_policy=cpu``, or ``cost`` while a chunk from it is
+        predicted slower than recomputing the prompt's costliest one). The question costs a
+        round trip on the scheduler's thread, behind whatever the store is busy with."""
+        policy = self.config.hit_policy
+        ask = policy == "load" or (
+            policy == "cost" and not self.cost.loses_to_recompute(tier, prompt_tokens)
+        )
+        if ask != self._asking.get(tier, True):
+            self._asking[tier] = ask
+            recompute = self.cost.chunk_recompute_seconds(prompt_tokens)
+            logger.info(
+                "MiniFlex: %s the %s tier at lookups (a chunk from it %.1f ms, the "
+                "costliest recomputed %s)",
+                "asking" if ask else "not asking",
+                tier.name.lower(),
+                1e3 * self.cost.chunk_load_seconds(tier),
+                "unknown" if recompute is None else f"{1e3 * recompute:.1f} ms",
+            )
+        return ask
 
     def running_besides(self, st: ReqState) -> int:
         """Requests of the last planned step that are not finished, ``st`` aside: those an

@@ -110,7 +110,8 @@ class HitLookup:
         tiers = self._residence(st, keys, start, matched)
         if self._wait_for_landing(st, keys, start + len(tiers)):
             return Hit(None, resident_by_tier=st.hit.resident_by_tier)
-        if self.remote is not None:  # the chunks after the local run that the store holds
+        if self.remote is not None and self.advisor.worth_asking(Tier.REMOTE, num_tokens):
+            # the chunks after the local run that the store holds
             ask = keys[start + len(tiers) : start + self.tiers.max_load_chunks]
             tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
             matched = len(tiers)

@@ -250,3 +250,24 @@ def test_a_remote_run_is_loaded_only_while_its_fetch_beats_recompute() -> None:
     # real fetches refine the probe's figure (unless remote_read_gbps fixes it)
     m.observe_load(remote, CHUNK_BYTES, 1.0)
     assert m.bandwidth[remote] < 100e9  # a moving average from the probe on
+
+
+def test_a_tier_slower_than_recomputing_the_last_chunk_is_not_asked() -> None:
+    """The remote store is asked at a lookup only while a chunk from it may beat recompute:
+    on a fast GPU a slow store is not asked at all (the question would wait behind its
+    puts); the prompt's last chunk, whose attention costs most, decides; with no prefill
+    seen, or hit_policy=load, it is asked."""
+    from miniflex.scheduler.advisor import HitAdvisor
+
+    m = CostModel(
+        CHUNK_BYTES, CHUNK_TOKENS, {CPU: 50e9, Tier.REMOTE: 1e9}, prefill=None
+    )  # 64 MiB: 68 ms to fetch and copy
+    cost = HitAdvisor(MiniFlexConfig(), m)
+    load = HitAdvisor(MiniFlexConfig(hit_policy="load"), m)
+    cpu_only = HitAdvisor(MiniFlexConfig(hit_policy="cpu"), m)
+    assert cost.worth_asking(Tier.REMOTE, 8192) and not cpu_only.worth_asking(Tier.REMOTE, 8192)
+    m.prefill = PrefillFit(0.001, 1e-5, 1e-7)  # a chunk: 0.64 ms + 6.4 us a token before it
+    assert not m.loses_to_recompute(CPU, 8192)
+    assert m.loses_to_recompute(Tier.REMOTE, 8192)  # 53 ms to recompute the last chunk
+    assert not cost.worth_asking(Tier.REMOTE, 8192) and load.worth_asking(Tier.REMOTE, 8192)
+    assert cost.worth_asking(Tier.REMOTE, 16384)  # its last chunk: 105 ms
