@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from miniflex.bytecopy import copy_into
 from miniflex.errors import MiniFlexError
 from miniflex.keys import FORMAT_VERSION
 from miniflex.types import ChunkKey
@@ -114,8 +115,7 @@ def verify(header: Header, parts: Sequence[bytes], out: memoryview | None = None
     crc, at = 0, 0
     for part in parts:
         if out is not None:
-            out[at : at + len(part)] = part
-            at += len(part)
+            at = copy_into(out, at, part)  # lets the engine's thread run (bytecopy.py)
         crc = zlib.crc32(part, crc)
     if crc != header.crc32:
         raise CorruptValueError("checksum mismatch")

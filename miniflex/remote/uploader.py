@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from miniflex.bytecopy import owned_copy
 from miniflex.remote.base import RemoteStore
 from miniflex.types import ChunkKey
 
@@ -58,7 +59,7 @@ class RemoteUploader:
     def __init__(self, store: RemoteStore, max_bytes: int = UPLOAD_QUEUE_BYTES) -> None:
         self.store = store
         self._max_bytes = max_bytes
-        self._queue: deque[tuple[ChunkKey, bytes]] = deque()
+        self._queue: deque[tuple[ChunkKey, np.ndarray]] = deque()
         self._bytes = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -84,7 +85,7 @@ class RemoteUploader:
                         self._max_bytes,
                     )
                 return False
-        copy = bytes(memoryview(data).cast("B"))  # outside the lock: a few ms per chunk
+        copy = owned_copy(data)  # outside the lock, and the interpreter's (bytecopy.py)
         with self._cond:
             self._queue.append((key, copy))
             self._bytes += nbytes
@@ -121,17 +122,17 @@ class RemoteUploader:
                 logger.error("MiniFlex remote put failed: %s", exc)
                 self._count(failed=len(batch))
             with self._cond:
-                self._bytes -= sum(len(data) for _, data in batch)
+                self._bytes -= sum(data.nbytes for _, data in batch)
                 self._busy = False
                 self._cond.notify_all()
 
-    def _put(self, batch: list[tuple[ChunkKey, bytes]]) -> None:
+    def _put(self, batch: list[tuple[ChunkKey, np.ndarray]]) -> None:
         held = self.store.exists([key for key, _ in batch])
         put = failed = 0
         for (key, data), there in zip(batch, held, strict=True):
             if there:
                 continue
-            if self.store.put(key, data):
+            if self.store.put(key, memoryview(data)):
                 put += 1
             else:
                 failed += 1
