@@ -171,9 +171,11 @@ SPECS: dict[str, Spec] = {
     "hit_policy": Spec(
         lambda k, v: parse_choice(k, v, _HIT_POLICIES),
         "cost",
-        "Which resident chunks a request loads: `cost` (all CPU chunks; SSD chunks only while "
-        "loading them is predicted to be faster than recomputing, see docs/design.md), `load` "
-        "(everything resident), `cpu` (never SSD-only chunks: they are recomputed).",
+        "Which resident chunks a request loads: `cost` (all CPU chunks; SSD and remote chunks "
+        "only while loading them is predicted to be faster than recomputing, see "
+        "docs/design.md; a remote store slower than recomputing any chunk is not even asked), "
+        "`load` (everything resident), `cpu` (never SSD-only or remote chunks: they are "
+        "recomputed).",
         "cost",
     ),
     "load_mode": Spec(

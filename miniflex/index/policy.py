@@ -167,23 +167,20 @@ class _ListPolicy(EvictionPolicy):
         nxt[p] = q
         prev[q] = p
 
+    def _link_after(self, a: int, s: int) -> None:
+        """Link ``s`` right after ``a`` (the sentinel ``n``: at the head)."""
+        nxt = self._next
+        b = nxt[a]
+        nxt[a] = s
+        self._prev[s] = a
+        nxt[s] = b
+        self._prev[b] = s
+
     def _link_tail(self, s: int) -> None:
-        prev = self._prev
-        n = self._n
-        t = prev[n]
-        self._next[t] = s
-        prev[s] = t
-        self._next[s] = n
-        prev[n] = s
+        self._link_after(self._prev[self._n], s)
 
     def _link_head(self, s: int) -> None:
-        nxt = self._next
-        n = self._n
-        h = nxt[n]
-        self._prev[h] = s
-        nxt[s] = h
-        self._prev[s] = n
-        nxt[n] = s
+        self._link_after(self._n, s)
 
     @property
     def num_slots(self) -> int:

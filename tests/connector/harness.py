@@ -90,26 +90,20 @@ class Harness:
         return self.ranks[0].mover
 
     @property
-    def layers_read(self) -> dict[tuple[str, int, int], torch.Tensor]:
-        return self.ranks[0].layers_read
-
-    @property
     def manager_side(self) -> MiniFlexConnector:
         conn = self.sched.connector
         assert isinstance(conn, MiniFlexConnector)
         return conn
 
     def add(
-        self, req_id: str, tokens: list[int], max_tokens: int = 1, schedule: bool = True
+        self, req_id: str, tokens: list[int], max_tokens: int = 1, sched: bool = True
     ) -> Request:
-        """A request, added to vLLM's scheduler unless ``schedule`` is False."""
+        """A request, added to vLLM's scheduler unless ``sched`` is False."""
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         sp.update_from_generation_config({}, 2)
-        req = Request(
-            req_id, tokens, sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256)
-        )
-        self.requests[req_id] = req
-        if schedule:
+        hasher = get_request_block_hasher(BLOCK, sha256)
+        req = self.requests[req_id] = Request(req_id, tokens, sp, None, block_hasher=hasher)
+        if sched:
             self.sched.add_request(req)
         return req
 

@@ -39,7 +39,7 @@ def test_a_request_waiting_for_kv_space_keeps_its_hit(tmp_path: Path) -> None:
     a = tokens(0, 3 * CHUNK + 10)
     h.cached_in_miniflex_only("a", a)
     h.cached_in_miniflex_only("b", tokens(1, 3 * CHUNK + 10))  # full: a is the oldest
-    waiting = h.add("a-again", a, schedule=False)
+    waiting = h.add("a-again", a, sched=False)
     assert h.manager_side.get_num_new_matched_tokens(waiting, 0)[0] == 3 * CHUNK
     h.cached_in_miniflex_only("c", tokens(2, 2 * CHUNK + 10))  # two slots: b's tail goes
     assert resident(h, "a") == [True] * 3
