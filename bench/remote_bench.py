@@ -1,7 +1,8 @@
 """Bandwidth of MiniFlex's remote store against the store's own client benchmark.
 
     python -m bench.remote_bench [--url redis://HOST:PORT] [--tokens 16 64] [--mib 8]
-                                 [--count 32] [--repeat 3] [--part-mib 2] [--json PATH]
+                                 [--count 32] [--repeat 3] [--part-mib 2] [--streams 4]
+                                 [--json PATH]
 
 For each value size (``--tokens`` tokens of an 8B model's 144 KiB each, 64
 tokens being 9.4 MB, and ``--mib`` MiB), on one connection, one call at a time:
@@ -17,7 +18,11 @@ tokens being 9.4 MB, and ``--mib`` MiB), on one connection, one call at a time:
   ``get_into`` (into one reused buffer, as the tier fetches into a CPU slot)
   of ``--count`` distinct chunks: header, CRC32 both ways, the chunk in fields
   of ``--part-mib``; every read is checked byte for byte, outside the timing;
-- ``miniflex get()``: the same with ``get``, which returns a new ``bytes``.
+- ``miniflex get()``: the same with ``get``, which returns a new ``bytes``;
+- ``miniflex fetch, N streams``: a load's fetches as the tier runs them
+  (:class:`~miniflex.remote.fetch.RemoteFetcher`, ``remote_fetch_streams`` N,
+  ``--streams``): the ``--count`` chunks into as many CPU-pool slots, N at once,
+  each checked afterwards; its puts are the ``miniflex`` row's, one at a time.
 
 ``put_vs_cli`` and ``get_vs_cli`` are MiniFlex's GB/s over redis-benchmark's.
 Best of ``--repeat`` passes, interleaved so that a busy machine slows all
@@ -40,9 +45,12 @@ import numpy as np
 import redis
 
 from miniflex.bench.report import Progress, emit
+from miniflex.plan import RemoteCopy
+from miniflex.pool import HostPool
+from miniflex.remote.fetch import RemoteFetcher
 from miniflex.remote.local_server import LocalServer
 from miniflex.remote.redis_store import RedisStore
-from miniflex.types import ChunkKey
+from miniflex.types import ChunkKey, SlotId
 
 TOKEN_BYTES = 144 * 1024
 """KV bytes per token of an 8B model (36 layers x 8 KV heads x 128 x 2 x bf16)."""
@@ -134,6 +142,26 @@ def miniflex_gbps(
         store.close()
 
 
+def fetch_gbps(url: str, data: bytes, count: int, part: int, streams: int) -> dict[str, float]:
+    """A load's fetch of ``count`` distinct chunks into a CPU pool, ``streams`` at once."""
+    store = RedisStore(url, b"bench-namespace!", timeout_s=10.0, part_bytes=part)
+    pool = HostPool(count, len(data))
+    pool.array[:] = 0  # touched once, as a serving pool's slots are (no first-touch faults)
+    copies = [RemoteCopy(ChunkKey(i + 1), SlotId(i)) for i in range(count)]
+    put_s = sum(_timed(lambda c=c: store.put(c.key, data))[1] for c in copies)
+    fetcher = RemoteFetcher(store, pool, streams)
+    try:
+        failed, get_s = fetcher.fetch(copies)
+        assert not failed and all(pool.slot(c.cpu).tobytes() == data for c in copies)
+        return {"put": len(data) * count / put_s / 1e9, "get": len(data) * count / get_s / 1e9}
+    finally:
+        fetcher.close()
+        for c in copies:
+            store.delete(c.key)
+        store.close()
+        pool.close()
+
+
 def measure(url: str, nbytes: int, args: argparse.Namespace) -> list[dict[str, object]]:
     data = os.urandom(nbytes)
     part = int(args.part_mib * MIB)
@@ -144,6 +172,10 @@ def measure(url: str, nbytes: int, args: argparse.Namespace) -> list[dict[str, o
         "redis-py": lambda: client_gbps(url, data, args.count),
         "miniflex": lambda: miniflex_gbps(url, data, args.count, part, True),
         "miniflex get()": lambda: miniflex_gbps(url, data, args.count, part, False),
+        **{
+            f"miniflex fetch, {n} streams": lambda n=n: fetch_gbps(url, data, args.count, part, n)
+            for n in args.streams
+        },
     }
     for rep in range(args.repeat):
         for name, run in runs.items():
@@ -184,6 +216,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=32, help="values per pass")
     ap.add_argument("--repeat", type=int, default=3, help="passes; the best counts")
     ap.add_argument("--part-mib", type=float, default=2.0, help="MiniFlex's part size (MiB)")
+    ap.add_argument("--streams", type=int, nargs="*", default=[4], help="fetches at once")
     ap.add_argument("--json")
     args = ap.parse_args()
     assert shutil.which("redis-benchmark"), "redis-benchmark is missing (apt install redis-tools)"

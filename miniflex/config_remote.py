@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from miniflex.config_parse import parse_size
+from miniflex.config_parse import parse_int, parse_size
 from miniflex.errors import ConfigError
 
 __all__ = [
@@ -265,6 +265,15 @@ REMOTE_SPECS: dict[str, Spec] = {
         "Cost model: remote store -> CPU pool fetch bandwidth in GB/s. `auto`: measured at "
         "start-up (each worker puts and fetches back one chunk), then learned from fetches.",
         "auto",
+    ),
+    "remote_fetch_streams": (
+        lambda k, v: parse_int(k, v, 1, 64),
+        1,
+        "Remote fetches of one load in flight at once, per TP rank, each on a connection of "
+        "its own, so that one chunk's round trip, copy and checksum overlap another's; the "
+        "start-up probe fetches as many at once. On a 2-core host more than 1 gains nothing "
+        "(`python -m bench.remote_bench --streams 1 2 4`).",
+        "1",
     ),
     "remote_retry_s": (
         lambda k, v: _parse_seconds(k, v, 0.0, 3600.0),

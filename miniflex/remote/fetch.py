@@ -5,16 +5,20 @@ promotions) before the load's GPU copies. Each rank fetches its own shard's
 value into the slot the scheduler allocated; a fetch that fails (a miss, the
 store down or slow, a value that fails verification, which the store deletes)
 is reported in the job's failed keys, so its blocks become load errors and
-vLLM recomputes them::
+vLLM recomputes them. Up to ``streams`` fetches run at once, each on a
+connection of the store's own pool, so that one chunk's round trip, copy and
+checksum overlap the next one's::
 
-    fetcher = RemoteFetcher(store, pool)
+    fetcher = RemoteFetcher(store, pool, streams=4)
     failed, seconds = fetcher.fetch(job.remote)
+    fetcher.close()
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
@@ -27,9 +31,15 @@ __all__ = ["RemoteFetcher"]
 class RemoteFetcher:
     """Fetches chunks from one shard's store into this rank's CPU pool."""
 
-    def __init__(self, store: RemoteStore, pool: HostPool) -> None:
+    def __init__(self, store: RemoteStore, pool: HostPool, streams: int = 1) -> None:
+        """``streams``: fetches in flight at once (1: one after another, on this thread)."""
         self.store = store
         self._pool = pool
+        self._threads = (
+            ThreadPoolExecutor(streams, thread_name_prefix="miniflex-fetch")
+            if streams > 1
+            else None
+        )
 
     def fetch(self, copies: Sequence[RemoteCopy]) -> tuple[set[ChunkKey], float]:
         """Fill each copy's CPU slot: (keys that failed, seconds the fetches took).
@@ -38,9 +48,18 @@ class RemoteFetcher:
         shorter one is not this chunk (the slot's bytes are then unspecified).
         """
         t0 = time.perf_counter()
-        failed: set[ChunkKey] = set()
-        for c in copies:
-            slot = memoryview(self._pool.slot(c.cpu)).cast("B")
-            if self.store.get_into(c.key, slot) != len(slot):
-                failed.add(c.key)
-        return failed, time.perf_counter() - t0
+        if self._threads is None or len(copies) < 2:
+            missed = [self._fetch_one(c) for c in copies]
+        else:
+            missed = list(self._threads.map(self._fetch_one, copies))
+        return {k for k in missed if k is not None}, time.perf_counter() - t0
+
+    def _fetch_one(self, c: RemoteCopy) -> ChunkKey | None:
+        """``c``'s key if its fetch failed, else None."""
+        slot = memoryview(self._pool.slot(c.cpu)).cast("B")
+        return None if self.store.get_into(c.key, slot) == len(slot) else c.key
+
+    def close(self) -> None:
+        """Stop the fetch threads (after the fetches in flight); idempotent."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)

@@ -2,14 +2,16 @@
 
 Like the SSD read probe, so that the first remote hit is decided on a
 measured bandwidth, not a guess: one chunk (a CPU slot's bytes) is put under
-a probe key of this namespace, fetched back into the same slot a few times
-(the same bytes, so the slot is unchanged), and deleted. Real fetches refine
+a probe key of this namespace, fetched back a few times into as many slots as
+a load fetches at once (``remote_fetch_streams``; the pool is not in use yet at
+start-up), and deleted. Real fetches refine
 the figure afterwards. None when the store cannot be reached now.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from miniflex.pool import HostPool
 from miniflex.remote.base import RemoteStore
@@ -22,19 +24,23 @@ PROBE_KEY = ChunkKey((1 << 128) - 1)
 _ROUNDS = 3
 
 
-def probe_fetch_bandwidth(store: RemoteStore, pool: HostPool) -> float | None:
-    """Bytes/s of ``get_into`` of one chunk-sized value into a CPU slot (the best of a few)."""
-    slot = memoryview(pool.slot(SlotId(0))).cast("B")
-    if not store.put(PROBE_KEY, slot):
+def probe_fetch_bandwidth(store: RemoteStore, pool: HostPool, streams: int = 1) -> float | None:
+    """Bytes/s of ``get_into`` of chunk-sized values into CPU slots, ``streams`` at once as a
+    load's fetches run (the best of a few rounds)."""
+    count = min(streams, pool.num_slots)
+    slots = [memoryview(pool.slot(SlotId(i))).cast("B") for i in range(count)]
+    if not store.put(PROBE_KEY, slots[0]):
         return None
     best: float | None = None
     try:
-        for _ in range(_ROUNDS):
-            t0 = time.perf_counter()
-            if store.get_into(PROBE_KEY, slot) != len(slot):
-                return None
-            seconds = time.perf_counter() - t0
-            best = seconds if best is None else min(best, seconds)
+        with ThreadPoolExecutor(len(slots), thread_name_prefix="miniflex-probe") as threads:
+            for _ in range(_ROUNDS):
+                t0 = time.perf_counter()
+                got = list(threads.map(lambda slot: store.get_into(PROBE_KEY, slot), slots))
+                if any(n != len(slots[0]) for n in got):
+                    return None
+                seconds = time.perf_counter() - t0
+                best = seconds if best is None else min(best, seconds)
     finally:
         store.delete(PROBE_KEY)
-    return len(slot) / best if best else None
+    return len(slots) * len(slots[0]) / best if best else None

@@ -101,10 +101,14 @@ def open_lookup(
 class WorkerRemote:
     """One rank's side of the remote tier: fetches, write-through puts, the start-up probe."""
 
-    def __init__(self, store: RemoteStore, write_backlog: int | None) -> None:
-        """``write_backlog``: bytes of write-through copies that may wait (None: no puts)."""
+    def __init__(
+        self, store: RemoteStore, write_backlog: int | None, fetch_streams: int = 1
+    ) -> None:
+        """``write_backlog``: bytes of write-through copies that may wait (None: no puts);
+        ``fetch_streams``: a load's fetches in flight at once."""
         self.store = store
         self._write_backlog = write_backlog
+        self._streams = fetch_streams
         self.fetcher: RemoteFetcher | None = None
         self.uploader: RemoteUploader | None = None
         self._pool: HostPool | None = None
@@ -116,12 +120,13 @@ class WorkerRemote:
         if store is None:
             return None
         puts = config.remote_write != "off"
-        return cls(store, config.remote_write_backlog if puts else None)
+        backlog = config.remote_write_backlog if puts else None
+        return cls(store, backlog, config.remote_fetch_streams)
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
         self._pool = pool
-        self.fetcher = RemoteFetcher(self.store, pool)
+        self.fetcher = RemoteFetcher(self.store, pool, self._streams)
         if self._write_backlog is not None:
             self.uploader = RemoteUploader(self.store, self._write_backlog)
         return self.fetcher
@@ -129,7 +134,7 @@ class WorkerRemote:
     def probe(self) -> float | None:
         """Bytes/s of a chunk's fetch into a CPU slot, measured now (None: unreachable)."""
         assert self._pool is not None, "bind() first"
-        bps = probe_fetch_bandwidth(self.store, self._pool)
+        bps = probe_fetch_bandwidth(self.store, self._pool, self._streams)
         logger.info(
             "MiniFlex remote store %s: %s",
             self.store.url,
@@ -153,6 +158,8 @@ class WorkerRemote:
 
     def close(self) -> None:
         """Put what is queued (bounded by the store's timeout per put), then disconnect."""
+        if self.fetcher is not None:
+            self.fetcher.close()
         if self.uploader is not None:
             self.uploader.close()
         self.store.close()
