@@ -260,9 +260,9 @@ class MiniFlexManager:
         self.advisor.on_step_times(times, self._reqs, self.stats)
 
     def _demote_job(self) -> TransferJob | None:
-        copies = self.tiers.take_demotions()
-        self.stats.demotions_skipped += self.tiers.take_skipped_demotions()
-        self.stats.demotions_declined += self.tiers.take_declined_demotions()
+        copies = self.tiers.writeback.take_demotions()
+        self.stats.demotions_skipped += self.tiers.writeback.take_skipped_demotions()
+        self.stats.demotions_declined += self.tiers.writeback.take_declined_demotions()
         puts = self.puts.take_back(self.stats)
         if not (copies or puts):
             return None
@@ -390,7 +390,7 @@ class MiniFlexManager:
             or self._to_load
             or self._release
             or self._clear_ssd
-            or self.tiers.has_demotions()
+            or self.tiers.writeback.has_demotions()
             or self.puts.pending
         )
 

@@ -43,7 +43,7 @@ def _cost_model(m: MiniFlexManager) -> dict[str, Any]:
     return {
         "hit_policy": m.config.hit_policy,
         "calibrated": cost.calibrated,
-        "ssd_admits": m.tiers.ssd_pays_off if m.ssd is not None else None,
+        "ssd_admits": m.tiers.writeback.ssd_pays_off if m.ssd is not None else None,
         "observed_steps": cost.observed_steps,
         "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
         "layerwise_load_GBps": None

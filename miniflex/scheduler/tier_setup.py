@@ -10,10 +10,9 @@ from miniflex.cost import CostModel
 from miniflex.keys import Namespace
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.tiers import TierStack
-from miniflex.tiers.admission import SSDAdmission
 from miniflex.types import ChunkKey, SlotId, Tier
 
-__all__ = ["build_tiers"]
+__all__ = ["EngineCosts", "build_tiers"]
 
 
 def build_tiers(
@@ -40,17 +39,35 @@ def build_tiers(
         config.ssd_eviction,
         write_through=config.ssd_write == "through",
         max_writeback=_writeback_chunks(config, num_slots, cost.chunk_bytes, step_chunks),
-        wait_budget=advisor.write_wait_budget,
-        recompute_seconds=cost.chunk_recompute_seconds,
-        admission=SSDAdmission(
-            cost.ssd_chunk_seconds,
-            lambda: cost.chunk_recompute_seconds(max_model_len),
-        ),
+        costs=EngineCosts(cost, advisor, max_model_len),
         on_cpu_evict=on_cpu_evict,
     )
     if ssd_slots > 0 and cost.chunk_bytes > 0:  # until writes are seen: as fast as reads
-        tiers.write_seconds = cost.chunk_bytes / cost.bandwidth[Tier.SSD]
+        tiers.writeback.write_seconds = cost.chunk_bytes / cost.bandwidth[Tier.SSD]
     return tiers
+
+
+class EngineCosts:
+    """The cost model and the advisor as write-back sees them
+    (:class:`~miniflex.tiers.writeback.WriteBackCosts`)."""
+
+    def __init__(self, cost: CostModel, advisor: HitAdvisor, max_model_len: int) -> None:
+        """``max_model_len``: the longest prompt, whose last chunk costs most to recompute."""
+        self._cost = cost
+        self._advisor = advisor
+        self._max_model_len = max_model_len
+
+    def write_wait_budget(self) -> float:
+        return self._advisor.write_wait_budget()
+
+    def chunk_recompute_seconds(self) -> float | None:
+        return self._cost.chunk_recompute_seconds()
+
+    def costliest_recompute_seconds(self) -> float | None:
+        return self._cost.chunk_recompute_seconds(self._max_model_len)
+
+    def ssd_chunk_seconds(self) -> float | None:
+        return self._cost.ssd_chunk_seconds()
 
 
 def _writeback_chunks(

@@ -8,7 +8,7 @@ It decides where every chunk goes and never touches bytes:
   gets a fresh CPU slot (it is *promoted*: read SSD->CPU, then copied to the
   GPU) and its SSD slot is pinned for the read.
 * **Demotion** (write-back) of the chunks the CPU tier evicts, and **admission**
-  to SSD: :mod:`miniflex.tiers.writeback`.
+  to SSD: :class:`~miniflex.tiers.writeback.WriteBack` (``stack.writeback``).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
   tier only once its bytes are known to be there.
 
@@ -17,24 +17,21 @@ Example::
     stack = TierStack(cpu_slots=4, ssd_slots=8)  # writes back one chunk at a time
     stack.complete_store(stack.prepare_store([a, b, c]), ok=True)  # a slot is still free
     stack.complete_store(stack.prepare_store([d]), ok=True)  # the last one: write ahead
-    copies = stack.take_demotions()  # [SlotCopy(a, cpu=0, ssd=0)]; a still served from CPU
-    stack.complete_demotions(copies, failed=set())  # a is on SSD only; its CPU slot is free
+    copies = stack.writeback.take_demotions()  # [SlotCopy(a, cpu=0, ssd=0)]; a still in CPU
+    stack.writeback.complete_demotions(copies, failed=set())  # a on SSD only; its slot free
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from miniflex.index import keys_to_array
-from miniflex.plan import SlotCopy
-from miniflex.tiers.admission import SSDAdmission
 from miniflex.tiers.slot_tier import SlotTier
-from miniflex.tiers.writeback import WRITE_WAIT_S, SSDWriteBack
+from miniflex.tiers.writeback import WRITE_WAIT_S, FixedCosts, WriteBack, WriteBackCosts
 from miniflex.types import ChunkKey, SlotId, Tier
 
 __all__ = ["WRITE_WAIT_S", "ChunkSource", "TierStack"]
@@ -57,8 +54,9 @@ class ChunkSource:
         return Tier.CPU if self.ssd is None else Tier.SSD
 
 
-class TierStack(SSDWriteBack):
-    """CPU tier (``cpu``) plus optional SSD tier (``ssd``); see the module docstring."""
+class TierStack:
+    """CPU tier (``cpu``) plus optional SSD tier (``ssd``) and the write-back between them
+    (``writeback``); see the module docstring."""
 
     def __init__(
         self,
@@ -69,41 +67,31 @@ class TierStack(SSDWriteBack):
         write_through: bool = False,
         max_writeback: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wait_budget: Callable[[], float] = lambda: WRITE_WAIT_S,
-        recompute_seconds: Callable[[], float | None] = lambda: None,
-        admission: SSDAdmission | None = None,
+        costs: WriteBackCosts | None = None,
         on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
-        slots, at least 1). ``clock``: seconds, for the write-back predictions;
-        ``wait_budget()``: seconds a store may wait for a write-back rather than drop one;
-        ``recompute_seconds()``: what recomputing one chunk costs (None: not known yet);
-        ``admission``: whether evicted chunks are worth writing to SSD (None: always);
-        ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU, while its slot
-        still holds it (the remote tier's write-back)."""
-        self.cpu = SlotTier(
-            Tier.CPU, cpu_slots, cpu_policy, on_evict=self._demote, reclaim=self._reclaim
-        )
+        slots, at least 1). ``clock``: seconds, for the write-back predictions; ``costs``:
+        what write-back and admission ask of the cost model (None: :class:`FixedCosts`,
+        nothing known); ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU,
+        while its slot still holds it (the remote tier's write-back)."""
         self.ssd = SlotTier(Tier.SSD, ssd_slots, ssd_policy) if ssd_slots > 0 else None
-        self.write_through = write_through and self.ssd is not None
-        self.max_writeback = max(1, cpu_slots // 4 if max_writeback is None else max_writeback)
-        self._clock = clock
-        self._wait_budget = wait_budget
-        self._recompute_seconds = recompute_seconds
-        self.admission = admission
-        self._on_cpu_evict = on_cpu_evict
-        # evicted from CPU once written; in the order sent, with the predicted end of the
-        # write (None: not sent to the workers yet)
-        self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
-        self._taken_early: dict[ChunkKey, SlotCopy] = {}  # slot reclaimed before the write
-        # was seen: the chunk is in neither tier until the write is reported
-        self._disk_free_at = 0.0  # when the writes sent so far are predicted to be done
-        self.write_seconds: float | None = None
-        """Seconds to write one chunk, as seen (None: none seen, and no estimate given)."""
-        self._skipped_demotions = 0  # evicted while max_writeback chunks were being written
-        self._demotions: list[SlotCopy] = []
-        self._pinned_copies: set[SlotCopy] = set()  # write-through: CPU slot pinned until written
-        self.dropped_demotions = 0  # evicted from CPU with no SSD slot to go to
+        self.writeback = WriteBack(
+            self.ssd,
+            write_through,
+            max(1, cpu_slots // 4 if max_writeback is None else max_writeback),
+            costs if costs is not None else FixedCosts(),
+            clock,
+            on_cpu_evict,
+        )
+        self.cpu = SlotTier(
+            Tier.CPU,
+            cpu_slots,
+            cpu_policy,
+            on_evict=self.writeback.demote,
+            reclaim=self.writeback.reclaim,
+        )
+        self.writeback.bind(self.cpu)
 
     # ---- lookups (side-effect free) ----
     def match(self, keys: np.ndarray | Sequence[ChunkKey]) -> int:
@@ -172,7 +160,7 @@ class TierStack(SSDWriteBack):
                     self._tier(t).complete_load([next(pinned[t])], ok=True)
                 break
             out.append(ChunkSource(key, placed[0][1], slot))
-        self._write_ahead()
+        self.writeback.write_ahead()
         return out
 
     def _tier(self, tier: Tier) -> SlotTier:
@@ -212,9 +200,9 @@ class TierStack(SSDWriteBack):
     def max_load_chunks(self) -> int:
         """The longest load that fits the CPU tier at once: every chunk of a load sits in a
         CPU slot (promoted ones too), and up to ``max_writeback`` slots may be being written."""
-        if self.ssd is None or self.write_through or not self.ssd_pays_off:
+        if not self.writeback.reserves_slots:
             return self.cpu.num_slots
-        return max(1, self.cpu.num_slots - self.max_writeback)
+        return max(1, self.cpu.num_slots - self.writeback.max_writeback)
 
     def touch(self, keys: np.ndarray) -> None:
         """A request was admitted with these chunk keys (its prefix, in order): every tier
@@ -231,22 +219,15 @@ class TierStack(SSDWriteBack):
     ) -> list[tuple[ChunkKey, SlotId]]:
         """CPU slots for ``keys`` (see :meth:`SlotTier.prepare_store`)."""
         placed = self.cpu.prepare_store(keys, cold_from)
-        self._write_ahead()
+        self.writeback.write_ahead()
         return placed
 
     def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
+        """Publish (``ok``) or free the slots of :meth:`prepare_store`; see
+        :meth:`SlotTier.complete_store` and, for write-through, :meth:`WriteBack.stored`."""
         self.cpu.complete_store(placed, ok)
-        if not (ok and self.write_through):
-            return
-        for key, slot in placed:
-            if self.admission is not None and not self.admission.admits():
-                continue
-            if self.cpu.slot_of(key) == slot and self.cpu.prepare_load([key]):
-                copy = self._to_ssd(key, slot)
-                if copy is None:
-                    self.cpu.complete_load([slot], ok=True)
-                else:
-                    self._pinned_copies.add(copy)
+        if ok:
+            self.writeback.stored(placed)
 
     # ---- maintenance ----
     def clear(self) -> int:
@@ -256,7 +237,5 @@ class TierStack(SSDWriteBack):
         would journal pre-reset bytes that a restart would serve.
         """
         if self.ssd is not None:
-            pending, self._demotions = self._demotions, []
-            self.complete_demotions(pending, {c.key for c in pending})
-            self._taken_early.clear()  # their writes still end, but never publish
+            self.writeback.drop_pending()
         return self.cpu.clear() + (self.ssd.clear() if self.ssd is not None else 0)

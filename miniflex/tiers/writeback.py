@@ -27,47 +27,123 @@
   nothing is written ahead or set aside for write-back: the CPU tier works as
   if there were no SSD tier (chunks already on SSD are still found).
 
-The state lives on the :class:`~miniflex.tiers.hierarchy.TierStack` (set up in its
-constructor); this class holds the methods that act on it.
+:class:`WriteBack` is the policy, owned by the
+:class:`~miniflex.tiers.hierarchy.TierStack` (``stack.writeback``); it asks the
+cost model through one interface, :class:`WriteBackCosts`, and nothing else::
+
+    wb = WriteBack(ssd_tier, write_through=False, max_writeback=2, costs=FixedCosts())
+    cpu = SlotTier(Tier.CPU, 8, on_evict=wb.demote, reclaim=wb.reclaim)
+    wb.bind(cpu)
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from miniflex.plan import SlotCopy
 from miniflex.tiers.admission import SSDAdmission
 from miniflex.tiers.slot_tier import SlotTier
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["WRITE_WAIT_S", "SSDWriteBack"]
+__all__ = ["WRITE_WAIT_S", "FixedCosts", "WriteBack", "WriteBackCosts"]
 
 WRITE_WAIT_S = 0.005
 """Default ``wait_budget``: the longest predicted wait for a write-back that making room
 accepts rather than dropping a chunk."""
 
 
-class SSDWriteBack:
-    """Demotions (CPU->SSD copies of evicted chunks) and their timing, for :class:`TierStack`."""
+class WriteBackCosts(Protocol):
+    """What write-back asks of the cost model (scheduler side): its one interface to it."""
 
-    cpu: SlotTier
-    ssd: SlotTier | None
-    write_through: bool
-    max_writeback: int
-    admission: SSDAdmission | None
-    write_seconds: float | None
-    dropped_demotions: int
-    _clock: Callable[[], float]
-    _wait_budget: Callable[[], float]
-    _recompute_seconds: Callable[[], float | None]
-    _on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None
-    _writing_back: OrderedDict[SlotCopy, float | None]
-    _taken_early: dict[ChunkKey, SlotCopy]
-    _disk_free_at: float
-    _skipped_demotions: int
-    _demotions: list[SlotCopy]
-    _pinned_copies: set[SlotCopy]
+    def write_wait_budget(self) -> float:
+        """Seconds a store may wait for a write-back rather than drop a chunk."""
+
+    def chunk_recompute_seconds(self) -> float | None:
+        """Seconds to recompute one chunk, the cheapest (None: not known yet)."""
+
+    def costliest_recompute_seconds(self) -> float | None:
+        """Seconds to recompute the costliest chunk the engine computes (None: not known)."""
+
+    def ssd_chunk_seconds(self) -> float | None:
+        """Seconds to read one chunk from SSD, as measured (None: not measured yet)."""
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """:class:`WriteBackCosts` of fixed figures (None: unknown); the default of a bare stack."""
+
+    wait_budget: float = WRITE_WAIT_S
+    recompute: float | None = None
+    costliest: float | None = None
+    ssd_read: float | None = None
+
+    def write_wait_budget(self) -> float:
+        return self.wait_budget
+
+    def chunk_recompute_seconds(self) -> float | None:
+        return self.recompute
+
+    def costliest_recompute_seconds(self) -> float | None:
+        return self.costliest
+
+    def ssd_chunk_seconds(self) -> float | None:
+        return self.ssd_read
+
+
+class WriteBack:
+    """Demotions (CPU->SSD copies of evicted chunks), their timing, and admission to SSD."""
+
+    def __init__(
+        self,
+        ssd: SlotTier | None,
+        write_through: bool,
+        max_writeback: int,
+        costs: WriteBackCosts,
+        clock: Callable[[], float] = time.monotonic,
+        on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+    ) -> None:
+        """``ssd``: the SSD tier (None: none, nothing is written); ``max_writeback``: chunks
+        being written back at once; ``clock``: seconds, for the predictions;
+        ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU while its slot
+        still holds it (the remote tier's write-back). :meth:`bind` the CPU tier next."""
+        self.ssd = ssd
+        self.write_through = write_through and ssd is not None
+        self.max_writeback = max_writeback
+        self._costs = costs
+        self._clock = clock
+        self._on_cpu_evict = on_cpu_evict
+        self.admission = (
+            SSDAdmission(costs.ssd_chunk_seconds, costs.costliest_recompute_seconds, clock)
+            if ssd is not None
+            else None
+        )
+        self.cpu: SlotTier | None = None
+        # evicted from CPU once written; in the order sent, with the predicted end of the
+        # write (None: not sent to the workers yet)
+        self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
+        self._taken_early: dict[ChunkKey, SlotCopy] = {}  # slot reclaimed before the write
+        # was seen: the chunk is in neither tier until the write is reported
+        self._disk_free_at = 0.0  # when the writes sent so far are predicted to be done
+        self.write_seconds: float | None = None
+        """Seconds to write one chunk, as seen (None: none seen, and no estimate given)."""
+        self._skipped_demotions = 0  # evicted while max_writeback chunks were being written
+        self._demotions: list[SlotCopy] = []
+        self._pinned_copies: set[SlotCopy] = set()  # write-through: CPU slot pinned until written
+        self.dropped_demotions = 0  # evicted from CPU with no SSD slot to go to
+
+    def bind(self, cpu: SlotTier) -> None:
+        """The CPU tier whose evictions are written back (built with :meth:`demote` and
+        :meth:`reclaim` as its hooks)."""
+        self.cpu = cpu
+
+    @property
+    def _cpu(self) -> SlotTier:
+        assert self.cpu is not None, "bind() the CPU tier first"
+        return self.cpu
 
     def take_demotions(self) -> list[SlotCopy]:
         """The CPU->SSD copies queued since the last call; send them before any other job,
@@ -104,23 +180,51 @@ class SSDWriteBack:
             self.ssd.complete_store([(c.key, c.ssd)], c.key not in failed)
             if c in self._pinned_copies:
                 self._pinned_copies.discard(c)
-                self.cpu.complete_load([c.cpu], ok=True)
+                self._cpu.complete_load([c.cpu], ok=True)
             elif self._taken_early.get(c.key) == c:
                 del self._taken_early[c.key]  # its slot has a new owner already
             elif c in self._writing_back:
                 del self._writing_back[c]
-                self.cpu.finish_eviction(c.cpu)
+                self._cpu.finish_eviction(c.cpu)
 
-    def _write_ahead(self) -> None:
+    def write_ahead(self) -> None:
         """Start writing back the least recently used CPU chunks while fewer than
         ``max_writeback`` CPU slots are free or being written (write-back mode only)."""
-        if self.ssd is None or self.write_through or not self.ssd_pays_off:
+        if not self.reserves_slots:
             return
-        while (
-            self.cpu.free_slots + len(self._writing_back) < self.max_writeback
-            and self.cpu.evict_one()
-        ):
+        cpu = self._cpu
+        while cpu.free_slots + len(self._writing_back) < self.max_writeback and cpu.evict_one():
             pass
+
+    @property
+    def reserves_slots(self) -> bool:
+        """Whether ``max_writeback`` CPU slots are kept free or being written: write-back
+        (not write-through) to an SSD tier that admits chunks."""
+        return self.ssd is not None and not self.write_through and self.ssd_pays_off
+
+    def stored(self, placed: Sequence[tuple[ChunkKey, SlotId]]) -> None:
+        """Chunks just published in the CPU tier: with write-through, queue each for SSD
+        (its CPU slot pinned until written), as admission allows."""
+        if not self.write_through:
+            return
+        cpu = self._cpu
+        for key, slot in placed:
+            if self.admission is not None and not self.admission.admits():
+                continue
+            if cpu.slot_of(key) == slot and cpu.prepare_load([key]):
+                copy = self._to_ssd(key, slot)
+                if copy is None:
+                    cpu.complete_load([slot], ok=True)
+                else:
+                    self._pinned_copies.add(copy)
+
+    def drop_pending(self) -> None:
+        """A reset: copies not yet sent are dropped (sent after the reset, they would
+        journal pre-reset bytes that a restart would serve); writes in flight never
+        publish."""
+        pending, self._demotions = self._demotions, []
+        self.complete_demotions(pending, {c.key for c in pending})
+        self._taken_early.clear()
 
     def take_skipped_demotions(self) -> int:
         """Chunks evicted from CPU without a copy on SSD, because ``max_writeback`` chunks were
@@ -152,7 +256,7 @@ class SSDWriteBack:
         """Chunks evicted from CPU that are still being written to SSD (held in CPU)."""
         return len(self._writing_back)
 
-    def _demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
+    def demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
         """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
         True: it is being written (its CPU slot is freed when that is done)."""
         if self._on_cpu_evict is not None:
@@ -172,7 +276,7 @@ class SSDWriteBack:
         self._writing_back[copy] = None
         return True
 
-    def _reclaim(self, force: bool) -> bool:
+    def reclaim(self, force: bool) -> bool:
         """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back
         if the backlog is full (``force``: nothing else is left to evict, the chunk being
         placed is lost otherwise) and waiting for that write is worth it (see
@@ -183,7 +287,7 @@ class SSDWriteBack:
         copy, done_at = next(iter(self._writing_back.items()))
         if not self._worth_waiting(done_at):
             return False
-        if not self.cpu.release_kept(copy.cpu):
+        if not self._cpu.release_kept(copy.cpu):
             return False
         del self._writing_back[copy]
         self._taken_early[copy.key] = copy
@@ -194,7 +298,7 @@ class SSDWriteBack:
         """Whether the SSD writes a chunk faster than recomputing it takes (both as seen so
         far; False while either is unknown). Then waiting for the disk never loses: however
         many writes queue, each costs less than recomputing its chunk would."""
-        rc = self._recompute_seconds()
+        rc = self._costs.chunk_recompute_seconds()
         return self.write_seconds is not None and rc is not None and self.write_seconds <= rc
 
     def _worth_waiting(self, done_at: float | None) -> bool:
@@ -203,7 +307,7 @@ class SSDWriteBack:
         write predicted to end within the wait budget."""
         if self.disk_keeps_up:
             return True
-        return done_at is not None and done_at <= self._clock() + self._wait_budget()
+        return done_at is not None and done_at <= self._clock() + self._costs.write_wait_budget()
 
     def _to_ssd(self, key: ChunkKey, cpu_slot: SlotId) -> SlotCopy | None:
         assert self.ssd is not None

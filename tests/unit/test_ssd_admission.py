@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from miniflex.tiers import TierStack
 from miniflex.tiers.admission import PROBE_EVERY_S, SSDAdmission
+from miniflex.tiers.writeback import WRITE_WAIT_S
 from miniflex.types import ChunkKey
 
 
@@ -16,13 +17,29 @@ def store(stack: TierStack, keys: list[ChunkKey]) -> None:
 
 
 class Disk:
-    """Predicted seconds to read a chunk from SSD and to recompute one, changed by tests."""
+    """Predicted seconds to read a chunk from SSD and to recompute the costliest one, changed
+    by tests; the write-back costs (:class:`~miniflex.tiers.writeback.WriteBackCosts`)."""
 
     def __init__(self, read: float | None, recompute: float | None) -> None:
         self.read, self.recompute, self.now = read, recompute, 0.0
 
     def admission(self) -> SSDAdmission:
         return SSDAdmission(lambda: self.read, lambda: self.recompute, lambda: self.now)
+
+    def stack(self, **kwargs: object) -> TierStack:
+        return TierStack(clock=lambda: self.now, costs=self, **kwargs)  # type: ignore[arg-type]
+
+    def write_wait_budget(self) -> float:
+        return WRITE_WAIT_S
+
+    def chunk_recompute_seconds(self) -> float | None:
+        return None
+
+    def costliest_recompute_seconds(self) -> float | None:
+        return self.recompute
+
+    def ssd_chunk_seconds(self) -> float | None:
+        return self.read
 
 
 def test_admits_while_either_speed_is_unknown_or_the_disk_is_faster() -> None:
@@ -47,28 +64,31 @@ def test_a_slow_disk_gets_one_probe_write_every_interval() -> None:
 
 def test_over_a_slow_disk_the_cpu_tier_keeps_every_slot_and_evicts_without_writing() -> None:
     disk = Disk(read=0.007, recompute=0.003)
-    stack = TierStack(cpu_slots=4, ssd_slots=16, max_writeback=2, admission=disk.admission())
+    stack = disk.stack(cpu_slots=4, ssd_slots=16, max_writeback=2)
     for i in range(4):
         store(stack, [k(i)])
-    assert stack.cpu.free_slots == 0 and stack.writing_back == 0  # nothing written ahead
+    assert stack.cpu.free_slots == 0 and stack.writeback.writing_back == 0  # nothing written ahead
     assert stack.max_load_chunks == 4  # no slot kept for write-back
     store(stack, [k(4)])  # evicts k(0), the probe write (kept until written), then k(1)
     store(stack, [k(5)])  # evicts k(2), dropped unwritten
-    copies = stack.take_demotions()
+    copies = stack.writeback.take_demotions()
     assert [c.key for c in copies] == [k(0)]
-    assert stack.take_declined_demotions() == 2 and stack.take_declined_demotions() == 0
+    assert (
+        stack.writeback.take_declined_demotions() == 2
+        and stack.writeback.take_declined_demotions() == 0
+    )
     assert stack.match([k(1)]) == 0 and stack.match([k(2)]) == 0
     assert stack.match([k(3), k(4), k(5)]) == 3
-    stack.complete_demotions(copies, set())
+    stack.writeback.complete_demotions(copies, set())
     assert stack.match([k(0)]) == 1 and stack.cpu.free_slots == 1  # on SSD; its slot free
 
 
 def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     disk = Disk(read=0.007, recompute=0.003)
-    stack = TierStack(cpu_slots=4, ssd_slots=16, max_writeback=2, admission=disk.admission())
+    stack = disk.stack(cpu_slots=4, ssd_slots=16, max_writeback=2)
     for i in range(4):
         store(stack, [k(i)])
     disk.read = 0.001  # measured faster (writes seen, or reads)
     store(stack, [k(4)])  # evicts k(0) and writes ahead until 2 slots are free or written
-    assert [c.key for c in stack.take_demotions()] == [k(0), k(1)]
+    assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1)]
     assert stack.max_load_chunks == 2
