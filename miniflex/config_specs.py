@@ -76,7 +76,9 @@ SPECS: dict[str, Spec] = {
     "cpu_eviction": Spec(
         lambda k, v: parse_choice(k, v, _EVICTION),
         "lru",
-        "Eviction policy of the CPU tier: " + ", ".join(_EVICTION) + ".",
+        "Eviction policy of the CPU tier: " + ", ".join(_EVICTION) + ". Under either, "
+        "chunks of generated tokens are stored at the evicting end until a request hits "
+        'them, and a lookup counts as a use (docs/design.md, "Index and eviction").',
         "lru",
     ),
     "mover": Spec(
