@@ -5,7 +5,8 @@
                                  [--json PATH]
 
 For each value size (``--tokens`` tokens of an 8B model's 144 KiB each, 64
-tokens being 9.4 MB, and ``--mib`` MiB), on one connection, one call at a time:
+tokens being 9.4 MB, and ``--mib`` MiB), one call at a time on one connection
+unless a row says otherwise:
 
 - ``redis-benchmark`` SET and GET of a value of that size (``-c 1``, one key
   overwritten ``--count`` times): the store's own client benchmark, the
@@ -233,7 +234,7 @@ def main() -> None:
         finally:
             if server is not None:
                 server.kill()
-    emit("Remote store bandwidth, one connection, one call at a time", rows, args.json, extra)
+    emit("Remote store bandwidth against redis-benchmark", rows, args.json, extra)
 
 
 def _has_hiredis() -> bool:

@@ -34,7 +34,8 @@ class RemoteFetcher:
     def __init__(self, store: RemoteStore, pool: HostPool, streams: int = 1) -> None:
         """``streams``: fetches in flight at once (1: one after another, on this thread)."""
         self.store = store
-        self._pool = pool
+        self.pool = pool
+        self.streams = streams
         self._threads = (
             ThreadPoolExecutor(streams, thread_name_prefix="miniflex-fetch")
             if streams > 1
@@ -56,7 +57,7 @@ class RemoteFetcher:
 
     def _fetch_one(self, c: RemoteCopy) -> ChunkKey | None:
         """``c``'s key if its fetch failed, else None."""
-        slot = memoryview(self._pool.slot(c.cpu)).cast("B")
+        slot = memoryview(self.pool.slot(c.cpu)).cast("B")
         return None if self.store.get_into(c.key, slot) == len(slot) else c.key
 
     def close(self) -> None:

@@ -10,11 +10,8 @@ the figure afterwards. None when the store cannot be reached now.
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
-
-from miniflex.pool import HostPool
-from miniflex.remote.base import RemoteStore
+from miniflex.plan import RemoteCopy
+from miniflex.remote.fetch import RemoteFetcher
 from miniflex.types import ChunkKey, SlotId
 
 __all__ = ["PROBE_KEY", "probe_fetch_bandwidth"]
@@ -24,23 +21,21 @@ PROBE_KEY = ChunkKey((1 << 128) - 1)
 _ROUNDS = 3
 
 
-def probe_fetch_bandwidth(store: RemoteStore, pool: HostPool, streams: int = 1) -> float | None:
-    """Bytes/s of ``get_into`` of chunk-sized values into CPU slots, ``streams`` at once as a
-    load's fetches run (the best of a few rounds)."""
-    count = min(streams, pool.num_slots)
-    slots = [memoryview(pool.slot(SlotId(i))).cast("B") for i in range(count)]
-    if not store.put(PROBE_KEY, slots[0]):
+def probe_fetch_bandwidth(fetcher: RemoteFetcher) -> float | None:
+    """Bytes/s of the loads' own fetch path (``fetcher``, its ``streams`` at once) into CPU
+    slots of chunk-sized values (the best of a few rounds)."""
+    pool, store = fetcher.pool, fetcher.store
+    count = min(fetcher.streams, pool.num_slots)
+    if not store.put(PROBE_KEY, memoryview(pool.slot(SlotId(0))).cast("B")):
         return None
+    copies = [RemoteCopy(PROBE_KEY, SlotId(i)) for i in range(count)]
     best: float | None = None
     try:
-        with ThreadPoolExecutor(len(slots), thread_name_prefix="miniflex-probe") as threads:
-            for _ in range(_ROUNDS):
-                t0 = time.perf_counter()
-                got = list(threads.map(lambda slot: store.get_into(PROBE_KEY, slot), slots))
-                if any(n != len(slots[0]) for n in got):
-                    return None
-                seconds = time.perf_counter() - t0
-                best = seconds if best is None else min(best, seconds)
+        for _ in range(_ROUNDS):
+            failed, seconds = fetcher.fetch(copies)
+            if failed:
+                return None
+            best = seconds if best is None else min(best, seconds)
     finally:
         store.delete(PROBE_KEY)
-    return len(slots) * len(slots[0]) / best if best else None
+    return count * pool.slot_bytes / best if best else None

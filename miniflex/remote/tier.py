@@ -133,8 +133,8 @@ class WorkerRemote:
 
     def probe(self) -> float | None:
         """Bytes/s of a chunk's fetch into a CPU slot, measured now (None: unreachable)."""
-        assert self._pool is not None, "bind() first"
-        bps = probe_fetch_bandwidth(self.store, self._pool, self._streams)
+        assert self.fetcher is not None, "bind() first"
+        bps = probe_fetch_bandwidth(self.fetcher)
         logger.info(
             "MiniFlex remote store %s: %s",
             self.store.url,

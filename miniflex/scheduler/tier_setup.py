@@ -32,7 +32,8 @@ def build_tiers(
     every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
     :mod:`miniflex.scheduler.remote_puts`)."""
     step_chunks = -(-step_tokens // ns.chunk_tokens)
-    tiers = TierStack(
+    with_ssd = ssd_slots > 0 and cost.chunk_bytes > 0
+    return TierStack(
         num_slots,
         config.cpu_eviction,
         ssd_slots,
@@ -41,10 +42,9 @@ def build_tiers(
         max_writeback=_writeback_chunks(config, num_slots, cost.chunk_bytes, step_chunks),
         costs=EngineCosts(cost, advisor, max_model_len),
         on_cpu_evict=on_cpu_evict,
+        # until writes are seen: as fast as reads
+        write_seconds=cost.chunk_bytes / cost.bandwidth[Tier.SSD] if with_ssd else None,
     )
-    if ssd_slots > 0 and cost.chunk_bytes > 0:  # until writes are seen: as fast as reads
-        tiers.writeback.write_seconds = cost.chunk_bytes / cost.bandwidth[Tier.SSD]
-    return tiers
 
 
 class EngineCosts:

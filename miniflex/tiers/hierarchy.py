@@ -69,12 +69,14 @@ class TierStack:
         clock: Callable[[], float] = time.monotonic,
         costs: WriteBackCosts | None = None,
         on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+        write_seconds: float | None = None,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions; ``costs``:
         what write-back and admission ask of the cost model (None: :class:`FixedCosts`,
         nothing known); ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU,
-        while its slot still holds it (the remote tier's write-back)."""
+        while its slot still holds it (the remote tier's write-back); ``write_seconds``:
+        a chunk's write until writes are seen (None: unknown)."""
         self.ssd = SlotTier(Tier.SSD, ssd_slots, ssd_policy) if ssd_slots > 0 else None
         self.writeback = WriteBack(
             self.ssd,
@@ -83,6 +85,7 @@ class TierStack:
             costs if costs is not None else FixedCosts(),
             clock,
             on_cpu_evict,
+            write_seconds,
         )
         self.cpu = SlotTier(
             Tier.CPU,

@@ -105,11 +105,13 @@ class WriteBack:
         costs: WriteBackCosts,
         clock: Callable[[], float] = time.monotonic,
         on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+        write_seconds: float | None = None,
     ) -> None:
         """``ssd``: the SSD tier (None: none, nothing is written); ``max_writeback``: chunks
         being written back at once; ``clock``: seconds, for the predictions;
         ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU while its slot
-        still holds it (the remote tier's write-back). :meth:`bind` the CPU tier next."""
+        still holds it (the remote tier's write-back); ``write_seconds``: the estimate of a
+        chunk's write until writes are seen (None: none). :meth:`bind` the CPU tier next."""
         self.ssd = ssd
         self.write_through = write_through and ssd is not None
         self.max_writeback = max_writeback
@@ -128,7 +130,7 @@ class WriteBack:
         self._taken_early: dict[ChunkKey, SlotCopy] = {}  # slot reclaimed before the write
         # was seen: the chunk is in neither tier until the write is reported
         self._disk_free_at = 0.0  # when the writes sent so far are predicted to be done
-        self.write_seconds: float | None = None
+        self.write_seconds = write_seconds
         """Seconds to write one chunk, as seen (None: none seen, and no estimate given)."""
         self._skipped_demotions = 0  # evicted while max_writeback chunks were being written
         self._demotions: list[SlotCopy] = []

@@ -43,7 +43,9 @@ def test_the_probe_fetches_as_many_at_once_as_a_load_and_cleans_up(server: Local
     pool = HostPool(3, SLOT)
     pool.array[:] = np.frombuffer(payload(3 * SLOT), dtype=np.uint8).reshape(3, SLOT)
     first = pool.slot(SlotId(0)).tobytes()
-    bps = probe_fetch_bandwidth(s, pool, streams=4)  # 4 streams, 3 slots: 3 at once
+    fetcher = RemoteFetcher(s, pool, streams=4)
+    bps = probe_fetch_bandwidth(fetcher)  # 4 streams, 3 slots: 3 at once
+    fetcher.close()
     assert bps is not None and bps > 0
     assert all(pool.slot(SlotId(i)).tobytes() == first for i in range(3))  # the probe's bytes
     assert s.exists([PROBE_KEY]) == [False]
