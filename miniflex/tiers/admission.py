@@ -5,17 +5,28 @@ it. On a disk slower than that (the H200 machine's, for an 8B model: a 64-token
 chunk of 9.4 MB reads in about 7 ms and recomputes in about 2-3 ms), every
 write-back is pure cost: disk bandwidth, CPU slots held while written, work on
 MiniFlex's threads, and chunks the cost model then declines to load anyway.
-So the SSD tier admits nothing while the disk is known to be slower than
-recomputing even the most expensive chunk the engine can compute (the last one
-of its longest prompt, where attention costs most). Then the hierarchy behaves
-as if there were no SSD tier: no write-back, no CPU slots set aside for it.
+So the SSD tier admits chunks only while a read clearly beats recomputing even
+the most expensive chunk the engine can compute (the last one of its longest
+prompt, where attention costs most): admission turns on when a read takes at
+most half of that recompute and off when it takes more than 0.8 of it. While it
+is off the hierarchy behaves as if there were no SSD tier: no write-back, no
+CPU slots set aside for it. The margin is there because write-back is paid in
+CPU capacity (``max_writeback`` slots kept free or being written): an SSD hit
+that saves little does not pay for the CPU hits lost to it.
+
+The ratio is a moving average over ``SMOOTH_S`` seconds. The recompute figure
+comes from the prefill model, which is refitted every few steps and moves by
+a factor of two between refits under a mixed load; compared raw, admission
+flipped on and off every second or two on a disk near the line, and each flip
+set CPU slots aside for write-back again (on the CPU proxy of the burst, 26%
+fewer tokens served from cache than with no SSD tier at all).
 
 The disk's speed is the cost model's SSD read bandwidth once it is measured:
 by the workers' start-up read probe (:mod:`miniflex.ssd.read_probe`), given as
 ``ssd_read_gbps``, or seen in real reads. Its default guess is never used here,
 and before a measurement, or before the cost model has seen a prefill step,
 everything is admitted. While admission is off, one chunk is still written
-every ``PROBE_EVERY_S``.
+every ``PROBE_EVERY_S``. Each switch is logged with the ratio.
 
 Example::
 
@@ -25,13 +36,23 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Callable
 
-__all__ = ["PROBE_EVERY_S", "SSDAdmission"]
+__all__ = ["OFF_RATIO", "ON_RATIO", "PROBE_EVERY_S", "SMOOTH_S", "SSDAdmission"]
+
+logger = logging.getLogger(__name__)
 
 PROBE_EVERY_S = 10.0
 """While the SSD tier admits nothing, one chunk is written this often (to keep measuring)."""
+ON_RATIO = 0.5
+"""Admission turns on when reading a chunk takes at most this share of recomputing it."""
+OFF_RATIO = 0.8
+"""Admission turns off when reading a chunk takes more than this share of recomputing it."""
+SMOOTH_S = 20.0
+"""Time constant (seconds) of the moving average of the read/recompute ratio."""
 
 
 class SSDAdmission:
@@ -51,13 +72,30 @@ class SSDAdmission:
         self._last_probe: float | None = None
         self.declined = 0
         """Evicted chunks not written because the disk was slower than recompute."""
+        self.switches = 0
+        """Times admission turned on or off once both speeds were known (each one logged)."""
+        self._ratio: float | None = None  # moving average of read / recompute
+        self._ratio_at = 0.0  # clock of its last update
+        self._on: bool | None = None  # None: not decided yet (a speed unknown)
 
     @property
     def pays_off(self) -> bool:
-        """Whether a chunk read from SSD is predicted to beat recomputing it (True while
-        either side is unknown)."""
-        read, recompute = self._read_seconds(), self._recompute_seconds()
-        return read is None or recompute is None or read <= recompute
+        """Whether SSD hits are predicted to pay for the write-back: True while either speed
+        is unknown; then on while a chunk's read takes at most :data:`ON_RATIO` of its
+        recompute, off past :data:`OFF_RATIO`, unchanged in between. The ratio is averaged
+        over :data:`SMOOTH_S`, because the recompute figure moves with every refit of the
+        prefill model (on the CPU proxy, 1.5-3.6 ms from one refit to the next)."""
+        ratio = self._update_ratio()
+        if ratio is None:
+            return True
+        if self._on is None:
+            self._switch(ratio <= ON_RATIO, ratio, first=True)
+        elif self._on and ratio > OFF_RATIO:
+            self._switch(False, ratio)
+        elif not self._on and ratio <= ON_RATIO:
+            self._switch(True, ratio)
+        assert self._on is not None
+        return self._on
 
     def admits(self) -> bool:
         """Whether the chunk being evicted now is written to SSD. False is counted in
@@ -70,3 +108,30 @@ class SSDAdmission:
             return True
         self.declined += 1
         return False
+
+    def _update_ratio(self) -> float | None:
+        """The averaged read/recompute ratio with the current figures folded in (None: a
+        speed unknown). Each figure weighs by the time since the last update."""
+        read, recompute = self._read_seconds(), self._recompute_seconds()
+        if read is None or recompute is None or recompute <= 0:
+            return self._ratio
+        sample, now = read / recompute, self._clock()
+        if self._ratio is None:
+            self._ratio = sample
+        else:
+            weight = 1.0 - math.exp(-max(0.0, now - self._ratio_at) / SMOOTH_S)
+            self._ratio += weight * (sample - self._ratio)
+        self._ratio_at = now
+        return self._ratio
+
+    def _switch(self, on: bool, ratio: float, first: bool = False) -> None:
+        self.switches += 0 if first else 1
+        self._on = on
+        logger.info(
+            "SSD admission %s: a chunk reads in %.2f of its recompute (averaged; on at %.2f, "
+            "off past %.2f)",
+            "on" if on else "off",
+            ratio,
+            ON_RATIO,
+            OFF_RATIO,
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from miniflex.tiers import TierStack
-from miniflex.tiers.admission import PROBE_EVERY_S, SSDAdmission
+from miniflex.tiers.admission import OFF_RATIO, ON_RATIO, PROBE_EVERY_S, SMOOTH_S, SSDAdmission
 from miniflex.tiers.writeback import WRITE_WAIT_S
 from miniflex.types import ChunkKey
 
@@ -48,8 +48,44 @@ def test_admits_while_either_speed_is_unknown_or_the_disk_is_faster() -> None:
     assert a.pays_off and a.admits()
     disk.read, disk.recompute = 0.007, None
     assert a.pays_off and a.admits()
-    disk.recompute = 0.010
+    disk.recompute = 0.020  # a read takes 0.35 of a recompute
     assert a.pays_off and a.admits() and a.declined == 0
+
+
+def test_a_disk_barely_faster_than_recompute_is_not_written_to() -> None:
+    disk = Disk(read=0.007, recompute=0.010)  # saves 3 ms a hit: less than the CPU slots cost
+    a = disk.admission()
+    assert not a.pays_off and a.admits()  # the probe write only
+    assert not a.admits() and a.declined == 1
+
+
+def test_a_recompute_figure_that_swings_between_refits_does_not_flip_admission() -> None:
+    """The prefill model's costliest-chunk figure moved 1.5-3.6 ms from one refit to the next
+    under the burst, against a 2.7 ms read: compared raw, admission flipped every second."""
+    disk = Disk(read=0.0027, recompute=0.0036)
+    a = disk.admission()
+    seen = set()
+    for step in range(200):
+        disk.now = step * 0.5
+        disk.recompute = 0.0036 if step % 4 < 2 else 0.0015
+        seen.add(a.pays_off)
+    assert seen == {False} and a.switches == 0
+
+
+def test_admission_follows_a_lasting_change_with_hysteresis() -> None:
+    disk = Disk(read=0.007, recompute=0.003)
+    a = disk.admission()
+    assert not a.pays_off
+    disk.read = 0.001  # measured much faster: sample 0.33
+    assert not a.pays_off  # one figure moves the average by little
+    disk.now = 3 * SMOOTH_S
+    assert a.pays_off and a.switches == 1
+    disk.read = (ON_RATIO + OFF_RATIO) / 2 * disk.recompute  # between the lines: stays on
+    disk.now = 10 * SMOOTH_S
+    assert a.pays_off and a.switches == 1
+    disk.read = 2 * disk.recompute
+    disk.now = 13 * SMOOTH_S
+    assert not a.pays_off and a.switches == 2
 
 
 def test_a_slow_disk_gets_one_probe_write_every_interval() -> None:
@@ -88,7 +124,8 @@ def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     stack = disk.stack(cpu_slots=4, ssd_slots=16, max_writeback=2)
     for i in range(4):
         store(stack, [k(i)])
-    disk.read = 0.001  # measured faster (writes seen, or reads)
+    disk.read = 0.001  # measured faster (writes seen, or reads), and for a while
+    disk.now = 3 * SMOOTH_S
     store(stack, [k(4)])  # evicts k(0) and writes ahead until 2 slots are free or written
     assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1)]
     assert stack.max_load_chunks == 2
