@@ -2,7 +2,7 @@
 
     python -m bench.remote_share [--model DIR] [--load-format dummy] [--prompt-tokens 2048]
         [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
-        [--server-memory 8gb] [--eager] [--json PATH]
+        [--server-memory 8gb] [--b-hit-policies cost,load] [--eager] [--json PATH]
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
 and repeat; write-through puts its chunks in the store, and A shuts down
@@ -57,6 +57,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--write-backlog", default="16GiB", help="remote_write_backlog: puts that may wait"
     )
+    p.add_argument(
+        "--b-hit-policies",
+        default="cost",
+        help="engine B's hit_policy, comma-separated: one engine B each (load: fetch even "
+        "where the cost model would recompute)",
+    )
     p.add_argument("--url", default=None, help="an existing store (default: a private one)")
     p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -85,8 +91,11 @@ def _log(msg: str) -> None:
     print(f"[remote_share] {msg}", file=sys.stderr, flush=True)
 
 
-def _engine(url: str, args: argparse.Namespace, settings: EngineSettings) -> OfflineDriver:
+def _engine(
+    url: str, args: argparse.Namespace, settings: EngineSettings, policy: str = "cost"
+) -> OfflineDriver:
     text = f"miniflex-cpu+remote_url={url}+remote_write_backlog={args.write_backlog}"
+    text += f"+hit_policy={policy}"
     config = parse_configs(text)[0]
     cpu = parse_size("cpu_bytes", args.cpu_bytes)
     tiers = TierSizes(cpu, cpu, 0, None, 0)
@@ -145,8 +154,31 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         _wait_for_puts(url)
     finally:
         a.close()  # write-through's queued puts go out first
-    _log("engine B: fresh local tiers")
-    b = _engine(url, args, settings)
+    rows: list[dict[str, Any]] = []
+    for policy in args.b_hit_policies.split(","):
+        _log(f"engine B (hit_policy={policy}): fresh local tiers")
+        rows += _serve_b(url, args, settings, policy, cases, warm, rng, vocab)
+    return {
+        "model": model,
+        "store": url,
+        "settings": vars(args),
+        "rows": rows,
+        "summary": summary(rows),
+    }
+
+
+def _serve_b(
+    url: str,
+    args: argparse.Namespace,
+    settings: EngineSettings,
+    policy: str,
+    cases: list[tuple[int, int, list[int]]],
+    warm: list[int],
+    rng: random.Random,
+    vocab: int,
+) -> list[dict[str, Any]]:
+    """Engine B's three TTFTs per case (see the module's docstring), with ``policy``."""
+    b = _engine(url, args, settings, policy)
     rows: list[dict[str, Any]] = []
     try:
         b.prefill(warm[::-1], "warmup")
@@ -159,34 +191,30 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             b.evict_gpu()
             samples["cpu"] = b.prefill(tokens, "cpu")
             rows.append(
-                {"prompt_tokens": n, "repeat": r}
+                {"hit_policy": policy, "prompt_tokens": n, "repeat": r}
                 | {f"{k}_ms": s.ttft_ms for k, s in samples.items()}
                 | {f"{k}_tiers": dict(s.tiers) for k, s in samples.items()}
             )
             _log(
-                f"{n} tokens #{r}: "
+                f"{policy}: {n} tokens #{r}: "
                 + ", ".join(f"{k} {s.ttft_ms:.1f} ms" for k, s in samples.items())
             )
     finally:
         b.close()
-    return {
-        "model": model,
-        "store": url,
-        "settings": vars(args),
-        "rows": rows,
-        "summary": summary(rows),
-    }
+    return rows
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Medians per prompt length, and the ratios of interest."""
+    """Medians per engine B policy and prompt length, and the ratios of interest."""
     out = []
-    for n in sorted({r["prompt_tokens"] for r in rows}):
-        mine = [r for r in rows if r["prompt_tokens"] == n]
+    for policy, n in sorted({(r.get("hit_policy", "cost"), r["prompt_tokens"]) for r in rows}):
+        mine = [
+            r for r in rows if r["prompt_tokens"] == n and r.get("hit_policy", "cost") == policy
+        ]
         med = {k: statistics.median(r[f"{k}_ms"] for r in mine) for k in STEPS}
         remote_tokens = min(r["remote_tiers"].get("remote", 0) for r in mine)
         out.append(
-            {"prompt_tokens": n, "runs": len(mine)}
+            {"hit_policy": policy, "prompt_tokens": n, "runs": len(mine)}
             | {f"{k}_ms": round(v, 1) for k, v in med.items()}
             | {
                 "remote_hit_tokens_min": remote_tokens,
@@ -199,13 +227,14 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| prompt | recompute ms | remote ms | cpu ms | recompute/remote | remote/cpu "
-        "| remote hit |",
-        "|---|---|---|---|---|---|---|",
+        "| B's hit_policy | prompt | recompute ms | remote ms | cpu ms | recompute/remote "
+        "| remote/cpu | remote hit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
-            f"| {s['prompt_tokens']} | {s['recompute_ms']} | {s['remote_ms']} | {s['cpu_ms']} | "
+            f"| {s['hit_policy']} | {s['prompt_tokens']} | {s['recompute_ms']} | "
+            f"{s['remote_ms']} | {s['cpu_ms']} | "
             f"{s['recompute_over_remote']}x | {s['remote_over_cpu']}x | "
             f"{s['remote_hit_tokens_min']} |"
         )

@@ -28,7 +28,8 @@
 # remote (bench/remote_share.py): two engines on the GPU, one after the other, and one
 # redis-server on the same machine; engine A computes 8k and 30k-token prompts, engine B serves
 # them through the store, against recompute and its own CPU-tier hit, into
-# OUT_DIR/remote/h200.json. The machine has no redis-server: stage it here with
+# OUT_DIR/remote/h200.json; one engine B per hit_policy in B_POLICIES (default cost,load:
+# the cost model's choice, and a fetch forced where it would recompute). The machine has no redis-server: stage it here with
 # `bash bench/stage_redis.sh` (.redisstage, 16 MB; carry it and copy it to /tmp/redisstage),
 # or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
@@ -130,7 +131,8 @@ case "$PART" in
     timeout -s INT -k 60 "$LIMIT_S" "$PY" -m bench.remote_share \
       --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16 \
       --gpu-blocks 2100 --prompt-tokens 8192,30000 --repeat 3 --cpu-bytes 12GiB \
-      --server-memory 40gb ${REMOTE_URL:+--url "$REMOTE_URL"} ${COMMIT:+--commit "$COMMIT"} \
+      --server-memory 40gb --b-hit-policies "${B_POLICIES:-cost,load}" \
+      ${REMOTE_URL:+--url "$REMOTE_URL"} ${COMMIT:+--commit "$COMMIT"} \
       --json "$OUT/remote/h200.json" \
       "${EXTRA[@]}" > "$OUT/remote.txt" 2> "$OUT/remote.log"
     rc=$?
