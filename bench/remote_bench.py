@@ -24,6 +24,10 @@ unless a row says otherwise:
   (:class:`~miniflex.remote.fetch.RemoteFetcher`, ``remote_fetch_streams`` N,
   ``--streams``): the ``--count`` chunks into as many CPU-pool slots, N at once,
   each checked afterwards; its puts are the ``miniflex`` row's, one at a time.
+- ``busy interpreter`` rows: the ``redis-py`` row (at the client's default
+  64 KiB socket read size) and a 1-stream fetch while another thread runs
+  Python without blocking, as vLLM's engine thread does while a request waits
+  for its KV.
 
 ``put_vs_cli`` and ``get_vs_cli`` are MiniFlex's GB/s over redis-benchmark's.
 Best of ``--repeat`` passes, interleaved so that a busy machine slows all
@@ -34,10 +38,12 @@ port (no persistence) and stopped at the end. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -143,8 +149,36 @@ def miniflex_gbps(
         store.close()
 
 
-def fetch_gbps(url: str, data: bytes, count: int, part: int, streams: int) -> dict[str, float]:
-    """A load's fetch of ``count`` distinct chunks into a CPU pool, ``streams`` at once."""
+class BusyInterpreter:
+    """A thread that runs Python without ever blocking, as vLLM's engine thread does while a
+    request waits for its KV: every other thread waits for the interpreter lock."""
+
+    def __enter__(self) -> BusyInterpreter:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+        return self
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            sum(range(1000))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def busy(run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``run()`` beside a :class:`BusyInterpreter`."""
+    with BusyInterpreter():
+        return run()
+
+
+def fetch_gbps(
+    url: str, data: bytes, count: int, part: int, streams: int, busy: bool = False
+) -> dict[str, float]:
+    """A load's fetch of ``count`` distinct chunks into a CPU pool, ``streams`` at once
+    (``busy``: beside a :class:`BusyInterpreter`)."""
     store = RedisStore(url, b"bench-namespace!", timeout_s=10.0, part_bytes=part)
     pool = HostPool(count, len(data))
     pool.array[:] = 0  # touched once, as a serving pool's slots are (no first-touch faults)
@@ -152,7 +186,8 @@ def fetch_gbps(url: str, data: bytes, count: int, part: int, streams: int) -> di
     put_s = sum(_timed(lambda c=c: store.put(c.key, data))[1] for c in copies)
     fetcher = RemoteFetcher(store, pool, streams)
     try:
-        failed, get_s = fetcher.fetch(copies)
+        with BusyInterpreter() if busy else contextlib.nullcontext():
+            failed, get_s = fetcher.fetch(copies)
         assert not failed and all(pool.slot(c.cpu).tobytes() == data for c in copies)
         return {"put": len(data) * count / put_s / 1e9, "get": len(data) * count / get_s / 1e9}
     finally:
@@ -177,6 +212,10 @@ def measure(url: str, nbytes: int, args: argparse.Namespace) -> list[dict[str, o
             f"miniflex fetch, {n} streams": lambda n=n: fetch_gbps(url, data, args.count, part, n)
             for n in args.streams
         },
+        "redis-py, busy interpreter": lambda: busy(lambda: client_gbps(url, data, args.count)),
+        "miniflex fetch, 1 stream, busy interpreter": lambda: fetch_gbps(
+            url, data, args.count, part, 1, busy=True
+        ),
     }
     for rep in range(args.repeat):
         for name, run in runs.items():
