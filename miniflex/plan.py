@@ -115,19 +115,21 @@ class TransferJob:
     chunks: tuple[ChunkMove, ...]
     unavailable: tuple[BlockId, ...] = ()
     """Blocks promised to vLLM whose chunk vanished before the load: reported as load errors."""
-    ssd: tuple[SlotCopy, ...] = ()
-    """LOAD: promotions done first; DEMOTE: the writes to SSD."""
+    promotions: tuple[SlotCopy, ...] = ()
+    """LOAD: SSD reads into CPU slots, done before the GPU copy."""
+    demotions: tuple[SlotCopy, ...] = ()
+    """DEMOTE: the writes of CPU slots to SSD."""
     timing: LoadTiming = LoadTiming.ASYNC
     """LOAD: when it runs (see :class:`LoadTiming`); other kinds are always ASYNC."""
     remote: tuple[RemoteCopy, ...] = ()
-    """LOAD: fetches from the remote store, done first (with ``ssd``); STORE: puts after it."""
+    """LOAD: fetches from the remote store, done first (with the promotions); STORE: puts after."""
 
     @property
     def reads(self) -> tuple[SlotCopy | RemoteCopy, ...]:
         """LOAD: the chunks read into CPU slots before the GPU copy (SSD and remote)."""
         if self.kind is not JobKind.LOAD:
             return ()
-        return (*self.ssd, *self.remote)
+        return (*self.promotions, *self.remote)
 
     @property
     def synchronous(self) -> bool:

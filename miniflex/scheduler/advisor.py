@@ -30,7 +30,7 @@ from miniflex.cost import CostModel, Decision
 from miniflex.plan import JobResult, LoadProbe, LoadTiming
 from miniflex.scheduler.requests import ReqState
 from miniflex.stats import TransferStats
-from miniflex.tiers.hierarchy import WRITE_WAIT_S
+from miniflex.tiers.stack import WRITE_WAIT_S
 from miniflex.types import ReqId, Tier
 
 __all__ = ["HitAdvisor"]

@@ -138,7 +138,7 @@ class LoadRecord(JobRecord):
             JobKind.LOAD,
             tuple(chunks),
             unavailable=tuple(unavailable),
-            ssd=promotions,
+            promotions=promotions,
             timing=load.timing,
             remote=fetches,
         )
@@ -262,7 +262,9 @@ class DemoteRecord(JobRecord):
         num_workers: int,
     ) -> DemoteRecord:
         """A DEMOTE of no request: the CPU->SSD ``copies`` and the remote ``puts``."""
-        job = TransferJob(job_id, None, JobKind.DEMOTE, (), ssd=tuple(copies), remote=tuple(puts))
+        job = TransferJob(
+            job_id, None, JobKind.DEMOTE, (), demotions=tuple(copies), remote=tuple(puts)
+        )
         return cls(job, num_workers, copies=list(copies))
 
     def observe(self, r: JobResult, ctx: CommitContext) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from miniflex.tiers.hierarchy import ChunkSource, TierStack
 from miniflex.tiers.slot_tier import SlotTier
+from miniflex.tiers.stack import ChunkSource, TierStack
 from miniflex.types import ChunkKey
 
 __all__ = ["acquire_fetches", "acquire_for_load"]

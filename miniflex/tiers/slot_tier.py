@@ -235,7 +235,7 @@ class SlotTier:
         victim = self._policy.evict()
         if victim is None:
             return False
-        if not self._kept(victim):
+        if not self._evict(victim):
             self._free.append(victim)
         return True
 
@@ -260,11 +260,12 @@ class SlotTier:
             if victim is None:
                 forced = self._reclaim is not None and self._reclaim(True)
                 return self._free.pop() if forced else None
-            if not self._kept(victim):
+            if not self._evict(victim):
                 return victim
 
-    def _kept(self, victim: SlotId) -> bool:
-        """Evict ``victim``'s chunk; True: ``on_evict`` keeps it (readable, pinned) meanwhile."""
+    def _evict(self, victim: SlotId) -> bool:
+        """Evict ``victim``'s chunk. True: ``on_evict`` keeps the slot (readable, pinned) until
+        it lets go (a write-back); False: the slot is free for the caller."""
         key = self._slot_key[victim]
         assert key is not None and key not in self._storing
         self.evictions += 1

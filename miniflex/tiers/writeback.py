@@ -28,7 +28,7 @@
   if there were no SSD tier (chunks already on SSD are still found).
 
 :class:`WriteBack` is the policy, owned by the
-:class:`~miniflex.tiers.hierarchy.TierStack` (``stack.writeback``); it asks the
+:class:`~miniflex.tiers.stack.TierStack` (``stack.writeback``); it asks the
 cost model through one interface, :class:`WriteBackCosts`, and nothing else::
 
     wb = WriteBack(ssd_tier, write_through=False, max_writeback=2, costs=FixedCosts())

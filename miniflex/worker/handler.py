@@ -219,7 +219,7 @@ class MiniFlexHandler:
             self._pending.setdefault(job.req_id, []).append(fut)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 with self._lock:
-                    self._demoting.update((c.cpu, fut) for c in (*job.ssd, *job.remote))
+                    self._demoting.update((c.cpu, fut) for c in (*job.demotions, *job.remote))
                 self._ssd_queue.put(QueuedJob(job, fence, fut))
             elif job.reads:  # promotions, fetches: read into slots once written back, then copy
                 self._queue_after_writes(QueuedJob(job, fence, fut), {c.cpu for c in job.reads})
@@ -317,7 +317,9 @@ class MiniFlexHandler:
             self._cpu.add(time.thread_time() - cpu)
 
     def _io_name(self, job: TransferJob) -> str:
-        return self._ssd.backend if self._ssd is not None and job.ssd else ""
+        return (
+            self._ssd.backend if self._ssd is not None and (job.promotions or job.demotions) else ""
+        )
 
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
@@ -329,7 +331,7 @@ class MiniFlexHandler:
         job, fut = item.job, item.done
         t0 = time.perf_counter()
         try:
-            promoted = self._promoter.promote(job.job_id, job.ssd, job.remote)
+            promoted = self._promoter.promote(job.job_id, job.promotions, job.remote)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
             fut.set_result(failed_result(job, exc, t0, self._io_name(job)))
             return

@@ -61,7 +61,7 @@ def execute(
 ) -> JobResult:
     """Run a job; a load's SSD reads were done before (``promoted``)."""
     t0 = time.perf_counter()
-    io = ssd.backend if ssd is not None and job.ssd else ""
+    io = ssd.backend if ssd is not None and (job.promotions or job.demotions) else ""
     ssd_seconds = remote_seconds = 0.0
     try:
         failed_keys: set[ChunkKey] = set()
@@ -78,9 +78,9 @@ def execute(
             moved = mover.load(chunks, after=fence)
         elif job.kind is JobKind.STORE and writes:
             moved = mover.store(job.chunks, after=fence)
-        elif job.kind is JobKind.DEMOTE and writes and job.ssd:
-            failed_keys = _copier(ssd).demote(job.ssd)
-            moved = (len(job.ssd) - len(failed_keys)) * _copier(ssd).store.slot_bytes
+        elif job.kind is JobKind.DEMOTE and writes and job.demotions:
+            failed_keys = _copier(ssd).demote(job.demotions)
+            moved = (len(job.demotions) - len(failed_keys)) * _copier(ssd).store.slot_bytes
         elif job.kind is JobKind.CLEAR and ssd is not None:
             ssd.clear()
     except Exception as exc:  # the worker boundary: report, never crash vLLM

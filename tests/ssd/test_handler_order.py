@@ -78,7 +78,7 @@ def test_a_store_waiting_for_its_slots_write_back_does_not_hold_up_later_jobs(
     old_slot0 = slot_bytes(h, 0)
 
     gate = gated(monkeypatch, "demote")  # the disk: its write of slot 0 ends when told
-    demote = job(1, None, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(ChunkKey(7), 0, 0),))
+    demote = job(1, None, JobKind.DEMOTE, chunks=(), demotions=(SlotCopy(ChunkKey(7), 0, 0),))
     overwrite = job(2, "b", JobKind.STORE, chunks=(ChunkMove(SlotId(0), (BlockId(2),)),))
     load = job(3, "c", JobKind.LOAD, chunks=(ChunkMove(SlotId(1), (BlockId(5),)),))
     later_store = job(4, "d", JobKind.STORE, chunks=(ChunkMove(SlotId(2), (BlockId(3),)),))
@@ -102,7 +102,7 @@ def test_a_slow_ssd_read_does_not_hold_up_the_gpu_copies_queued_after_it(
     h = handler
     key = ChunkKey(11)
     store = ChunkMove(SlotId(0), (BlockId(0),)), ChunkMove(SlotId(1), (BlockId(1),))
-    demote = job(1, None, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(key, 0, 0),))
+    demote = job(1, None, JobKind.DEMOTE, chunks=(), demotions=(SlotCopy(key, 0, 0),))
     run_plan(h, 1, job(0, "a", JobKind.STORE, chunks=store))
     h.drain()  # stored: only a published chunk is ever written back
     run_plan(h, 2, demote)
@@ -115,7 +115,7 @@ def test_a_slow_ssd_read_does_not_hold_up_the_gpu_copies_queued_after_it(
         "b",
         JobKind.LOAD,
         chunks=(ChunkMove(SlotId(2), (BlockId(6),)),),
-        ssd=(SlotCopy(key, 2, 0),),
+        promotions=(SlotCopy(key, 2, 0),),
     )
     cpu_hit = job(3, "c", JobKind.LOAD, chunks=(ChunkMove(SlotId(1), (BlockId(5),)),))
     run_plan(h, 3, promoted, cpu_hit)
@@ -139,17 +139,17 @@ def test_an_ssd_read_does_not_queue_behind_a_write_back_of_other_slots(
     key = ChunkKey(13)
     run_plan(h, 1, job(0, "a", JobKind.STORE, chunks=(ChunkMove(SlotId(0), (BlockId(0),)),)))
     h.drain()
-    run_plan(h, 2, job(1, None, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(key, 0, 0),)))
+    run_plan(h, 2, job(1, None, JobKind.DEMOTE, chunks=(), demotions=(SlotCopy(key, 0, 0),)))
     h.drain()  # chunk `key` is on SSD
 
     gate = gated(monkeypatch, "demote")  # the disk is busy writing slot 3 back until told
-    other = job(2, None, JobKind.DEMOTE, chunks=(), ssd=(SlotCopy(ChunkKey(14), 3, 1),))
+    other = job(2, None, JobKind.DEMOTE, chunks=(), demotions=(SlotCopy(ChunkKey(14), 3, 1),))
     promoted = job(
         3,
         "b",
         JobKind.LOAD,
         chunks=(ChunkMove(SlotId(2), (BlockId(6),)),),
-        ssd=(SlotCopy(key, 2, 0),),
+        promotions=(SlotCopy(key, 2, 0),),
     )
     run_plan(h, 3, other, promoted)
     wait_until(lambda: h.in_flight(ReqId("b")) == 0, "the promotion")

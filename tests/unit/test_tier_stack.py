@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from miniflex.plan import SlotCopy
 from miniflex.tiers import TierStack
-from miniflex.tiers.hierarchy import WRITE_WAIT_S
+from miniflex.tiers.stack import WRITE_WAIT_S
 from miniflex.tiers.writeback import FixedCosts
 from miniflex.types import ChunkKey, SlotId, Tier
 
