@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import redis
 
+from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
@@ -270,6 +271,7 @@ def main() -> None:
             extra = {**vars(args), "url": url}
             extra.update(_server_info(url), hiredis=_has_hiredis(), cpus=os.cpu_count())
             extra.update(loadavg_before=load_before, loadavg_after=os.getloadavg())
+            extra["provenance"] = provenance(False)
         finally:
             if server is not None:
                 server.kill()

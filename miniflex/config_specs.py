@@ -199,9 +199,10 @@ SPECS: dict[str, Spec] = {
     "ssd_read_gbps": Spec(
         parse_auto_float,
         None,
-        "Cost model: SSD -> CPU pool read bandwidth in GB/s. It also decides admission: while "
-        "reading a chunk back is predicted slower than recomputing the costliest chunk, "
-        "evicted chunks are not written to SSD (one probe write every 10 s; counted in "
+        "Cost model: SSD -> CPU pool read bandwidth in GB/s. It also decides admission: "
+        "evicted chunks are written to SSD once reading one back takes at most half of "
+        "recomputing the costliest chunk, and no longer once it takes more than 0.8 of it "
+        "(averaged over 20 s; one probe write every 10 s while off; declined ones counted in "
         "`demotions_declined`). `auto`: measured at start-up (each worker reads back up to "
         "256 MiB from a scratch file beside its store), then learned from reads.",
         "auto",
