@@ -1,9 +1,11 @@
 """Write-through to the remote store, off every critical path: a bounded queue and a thread.
 
 A STORE job's puts (:attr:`TransferJob.remote`) are offered here by the
-transfer thread once the job's GPU->CPU copy is done. :meth:`RemoteUploader.offer`
-copies the slot's bytes (the scheduler may reuse the slot as soon as the store
-is reported, so the put cannot read it later) and returns; a thread of its own
+store thread once the job's GPU->CPU copy is done and reported (vLLM gets the
+job's blocks back without waiting for this). :meth:`RemoteUploader.offer`
+copies the slot's bytes (the scheduler may reuse the slot once the store is
+reported; the worker holds jobs that would overwrite it until the copy is
+made, see :mod:`miniflex.worker.slot_guard`) and returns; a thread of its own
 asks the store which of the queued chunks it already holds (another replica
 may have put them: one ``exists`` round trip per batch) and puts the rest.
 

@@ -22,6 +22,10 @@ store. Four threads, each running its jobs in plan order:
   (only then may the slot be overwritten), so the jobs queued after it never
   wait for the disk: no other job reads or writes a slot being stored or
   promoted into;
+* a store with remote puts (write-through) is reported done as soon as its GPU
+  copy is, so vLLM gets its blocks back; its slots are then copied for the
+  puts on the store thread, and are registered the same way until they are
+  (``slot_guard.py``);
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
   promotions reads them on the read thread first (once its slots are written
@@ -65,10 +69,11 @@ from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
 from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
-from miniflex.types import BlockId, ReqId, SlotId
+from miniflex.types import BlockId, ReqId
 from miniflex.worker.job_runner import QueuedJob, execute, failed_result
 from miniflex.worker.probe import probe_rank
 from miniflex.worker.promotions import Promoter
+from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
 from miniflex.worker.step_timer import StepTimer
 
@@ -99,8 +104,7 @@ class MiniFlexHandler:
         self._ssd_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD writes
         self._read_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD reads (promotions)
         self._threads: list[threading.Thread] = []
-        self._demoting: dict[SlotId, Future[JobResult]] = {}  # CPU slot -> its demotion
-        self._lock = threading.Lock()
+        self._guard = SlotGuard()  # CPU slots still read by write-backs and put copies
         self._done: list[JobResult] = []
         self._pending: dict[ReqId, list[Future[JobResult]]] = {}
         self._release: set[ReqId] = set()
@@ -212,44 +216,28 @@ class MiniFlexHandler:
             if plan.full_graph and before_forward:
                 self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
         fence = self._mover.fence() if jobs else None
-        with self._lock:
-            self._demoting = {s: f for s, f in self._demoting.items() if not f.done()}
+        self._guard.prune()
         for job in jobs:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
+            item = QueuedJob(job, fence, fut)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
-                with self._lock:
-                    self._demoting.update((c.cpu, fut) for c in (*job.demotions, *job.remote))
-                self._ssd_queue.put(QueuedJob(job, fence, fut))
+                self._guard.hold((c.cpu for c in (*job.demotions, *job.remote)), fut)
+                self._ssd_queue.put(item)
             elif job.reads:  # promotions, fetches: read into slots once written back, then copy
-                self._queue_after_writes(QueuedJob(job, fence, fut), {c.cpu for c in job.reads})
+                reads = {c.cpu for c in job.reads}
+                self._guard.after(reads, lambda i=item: self._read_queue.put(i))
             elif job.kind is JobKind.STORE:
-                self._queue_after_writes(QueuedJob(job, fence, fut), {c.slot for c in job.chunks})
+                copied: Future[JobResult] | None = None
+                if job.remote and self._remote is not None and self._writes:
+                    copied = Future()  # the job is reported before its puts' copies
+                    item = replace(item, copied=copied)
+                slots = {c.slot for c in job.chunks}
+                self._guard.after(slots, lambda i=item: self._store_queue.put(i))
+                if copied is not None:  # after: the store must not wait for its own copies
+                    self._guard.hold((c.cpu for c in job.remote), copied)
             else:
-                self._queue.put(QueuedJob(job, fence, fut))
-
-    def _queue_after_writes(self, item: QueuedJob, slots: set[SlotId]) -> None:
-        """Queue a job that overwrites CPU ``slots`` (a store, or a load's promotions) once
-        they are written to SSD (at once if none is being written): promotions for the read
-        thread, stores for the store thread."""
-        target = self._read_queue if item.job.reads else self._store_queue
-        with self._lock:
-            waits = {f for s, f in self._demoting.items() if s in slots and not f.done()}
-        if not waits:
-            target.put(item)
-            return
-        left = [len(waits)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[JobResult]) -> None:  # on the SSD thread, or here if done
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                target.put(item)
-
-        for f in waits:
-            f.add_done_callback(one_done)
+                self._queue.put(item)
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` runs: order it after this step's loads."""
@@ -311,10 +299,24 @@ class MiniFlexHandler:
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
                 res = execute(job, fence, promoted, mover, ssd, self._writes)
-                if self._remote is not None and self._writes:
-                    self._remote.finished(job, res)  # puts: copied before the slot is reused
-                fut.set_result(res)
+                if item.copied is not None:  # a STORE's puts: its GPU blocks are free already
+                    fut.set_result(res)
+                    self._copy_puts(job, res, item.copied)
+                else:
+                    if self._remote is not None and self._writes:
+                        self._remote.finished(job, res)  # a DEMOTE's puts: before it is done
+                    fut.set_result(res)
             self._cpu.add(time.thread_time() - cpu)
+
+    def _copy_puts(self, job: TransferJob, res: JobResult, copied: Future[JobResult]) -> None:
+        """Queue a STORE's puts (copies of its slots), then let jobs overwrite those slots."""
+        try:
+            assert self._remote is not None
+            self._remote.finished(job, res)
+        except Exception as exc:  # the worker boundary: the puts are lost, nothing else
+            logger.error("MiniFlex: the puts of store job %d were not queued: %s", job.job_id, exc)
+        finally:
+            copied.set_result(res)
 
     def _io_name(self, job: TransferJob) -> str:
         return (

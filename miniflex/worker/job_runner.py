@@ -40,6 +40,9 @@ class QueuedJob:
     """Resolved with the job's report when it has run (or failed)."""
     promoted: Promoted | None = None
     """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
+    copied: Future[JobResult] | None = None
+    """A STORE with remote puts: done once its slots are copied for the puts (the job itself
+    is reported before that, see :class:`~miniflex.worker.slot_guard.SlotGuard`)."""
 
 
 def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:

@@ -55,6 +55,7 @@ class GatedMover(KVMover):
         self.gate.set()
         self.store_gate = threading.Event()
         self.store_gate.set()
+        self.store_entered = threading.Event()  # set when a store reaches the gates
         self.lock = threading.Lock()  # a torch mover's staging buffer is not shared-safe
         self.store_lock = threading.Lock()
         self.fail_layerwise = False
@@ -64,6 +65,7 @@ class GatedMover(KVMover):
         self.log: list[tuple[str, int]] = []  # ("wait", layer) and the harness's ("read", layer)
 
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
+        self.store_entered.set()
         self.gate.wait()
         self.store_gate.wait()
         if self.fail_stores > 0:

@@ -29,8 +29,10 @@ def test_every_side_reports_its_time_and_waits_cost_no_cpu(tmp_path: Path) -> No
     prompt = [(i * 7919) % 997 + 3 for i in range(4 * CHUNK + 5)]
     t0 = time.perf_counter()
     h.mover.gate.clear()
+    h.mover.store_entered.clear()
     h.add("a", prompt)
     h.step(wait_transfers=False)  # prefill: the stores wait at the gate
+    assert h.mover.store_entered.wait(10)  # the store's clock runs: it is at the gate
     threading.Timer(GATE_S, h.mover.gate.set).start()
     h.run()
     assert h.sched.reset_prefix_cache()  # vLLM forgets the prompt: the next one hits MiniFlex

@@ -1,0 +1,115 @@
+"""A store with write-through puts is reported before its slots are copied for the puts, so
+vLLM gets its blocks back at once; a job that overwrites those slots waits for the copies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("redis")
+
+from miniflex.config import MiniFlexConfig
+from miniflex.plan import ChunkMove, JobId, JobKind, RemoteCopy, TransferJob, TransferPlan
+from miniflex.remote.local_server import LocalServer
+from miniflex.remote.tier import WorkerRemote
+from miniflex.remote.uploader import RemoteUploader
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.worker.handler import MiniFlexHandler
+from tests.remote.conftest import NEEDS_SERVER, NS_A, payload, store
+
+pytestmark = NEEDS_SERVER
+
+BLOCKS = 8
+
+
+@pytest.fixture
+def handler(server: LocalServer) -> Iterator[MiniFlexHandler]:
+    kv = {f"layer.{i}": torch.randn(BLOCKS, 1, 16, 128).to(torch.float16) for i in range(2)}
+    remote = WorkerRemote(store(server.url, NS_A), write_backlog=1 << 30)
+    h = MiniFlexHandler(MiniFlexConfig(mover="cpu"), remote)
+    h.register(kv, num_slots=4, blocks_per_chunk=1)
+    yield h
+    h.shutdown()
+
+
+def move_job(i: int, req: str, kind: JobKind, block: int, slot: int, key: int) -> TransferJob:
+    """A STORE of ``block`` into ``slot`` put as ``key`` after it, or a LOAD of ``key`` into
+    ``block`` fetched into ``slot`` first (the read thread)."""
+    chunk = ChunkMove(SlotId(slot), (BlockId(block),))
+    copy = RemoteCopy(ChunkKey(key), SlotId(slot))
+    return TransferJob(JobId(i), ReqId(req), kind, (chunk,), remote=(copy,))
+
+
+def run_plan(h: MiniFlexHandler, step: int, *jobs: TransferJob) -> None:
+    plan = TransferPlan(jobs=jobs, step=step)
+    h.submit(plan, JobKind.LOAD)
+    h.submit(plan, JobKind.STORE)
+
+
+def gated_offer(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[bytes]]:
+    """Hold every put's copy (``RemoteUploader.offer``) until the event is set; the bytes
+    each copy saw are recorded."""
+    gate, seen = threading.Event(), []
+    real = RemoteUploader.offer
+
+    def held(self: RemoteUploader, key: ChunkKey, data: np.ndarray) -> bool:
+        assert gate.wait(10), "the test never opened the gate"
+        seen.append(np.asarray(data).tobytes())
+        return real(self, key, data)
+
+    monkeypatch.setattr(RemoteUploader, "offer", held)
+    return gate, seen
+
+
+def wait_until(done: object, what: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_store_is_reported_before_its_put_copy_and_its_slot_waits_for_it(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = handler
+    assert h._pool is not None and h._remote is not None
+    for k in (ChunkKey(7), ChunkKey(8)):  # two chunks another engine stored
+        assert h._remote.store.put(k, payload(h._pool.slot_bytes, seed=k))
+    gate, seen = gated_offer(monkeypatch)
+    try:
+        run_plan(h, 1, move_job(0, "a", JobKind.STORE, block=0, slot=0, key=1000))
+        # reported while its put copy is held: vLLM gets the request's blocks back
+        h.release_when_saved(TransferPlan(jobs=(), step=1, release=(ReqId("a"),)))
+        wait_until(lambda: ReqId("a") in h.poll()[0], "the store's report")
+        slot0 = h._pool.slot(SlotId(0)).copy()
+        # a fetch into slot 0 waits for the copy; a fetch into slot 2 does not
+        run_plan(
+            h,
+            2,
+            move_job(1, "b", JobKind.LOAD, block=4, slot=0, key=7),
+            move_job(2, "c", JobKind.LOAD, block=5, slot=2, key=8),
+        )
+        wait_until(lambda: h.in_flight(ReqId("c")) == 0, "the fetch into slot 2")
+        assert h.in_flight(ReqId("b")) == 1
+        assert np.array_equal(h._pool.slot(SlotId(0)), slot0), "slot 0 overwritten early"
+    finally:
+        gate.set()
+    h.drain()
+    assert seen[0] == slot0.tobytes(), "the put copied other bytes than the store wrote"
+    assert h._pool.slot(SlotId(0)).tobytes() == payload(h._pool.slot_bytes, seed=ChunkKey(7))
+
+
+def test_puts_reach_the_store_with_the_bytes_of_their_slots(handler: MiniFlexHandler) -> None:
+    h = handler
+    assert h._pool is not None and h._remote is not None
+    run_plan(h, 1, move_job(0, "a", JobKind.STORE, block=3, slot=2, key=1000))
+    h.drain()
+    assert h._remote.uploader is not None and h._remote.uploader.flush(10)
+    got = np.zeros(h._pool.slot_bytes, dtype=np.uint8)
+    n = h._remote.store.get_into(ChunkKey(1000), memoryview(got))
+    assert n == h._pool.slot_bytes and np.array_equal(got, h._pool.slot(SlotId(2)))
