@@ -120,7 +120,10 @@ def verify(header: Header, parts: Sequence[bytes], out: memoryview | None = None
         at = 0
         for part in parts:
             at = copy_into(out, at, part)
-        crc = zlib.crc32(out[:total])  # once over the copy: one handoff of the lock, not one a part
+        # once over the copy: one handoff of the lock, not one a part. The slot must not be
+        # written meanwhile (the worker's SlotGuard): a changed byte would fail the check,
+        # and a value failing it is deleted from the store
+        crc = zlib.crc32(out[:total])
     if crc != header.crc32:
         raise CorruptValueError("checksum mismatch")
 

@@ -75,13 +75,14 @@ class SSDAdmission:
         self.switches = 0
         """Times admission turned on or off once both speeds were known (each one logged)."""
         self._ratio: float | None = None  # moving average of read / recompute
-        self._ratio_at = 0.0  # clock of its last update
+        self._last: float = 0.0  # the ratio seen at the last update, held since then
+        self._ratio_at = 0.0  # clock of the last update
         self._on: bool | None = None  # None: not decided yet (a speed unknown)
 
     @property
     def pays_off(self) -> bool:
-        """Whether SSD hits are predicted to pay for the write-back: True while either speed
-        is unknown; then on while a chunk's read takes at most :data:`ON_RATIO` of its
+        """Whether SSD hits are predicted to pay for the write-back: True until both speeds
+        are known; then on while a chunk's read takes at most :data:`ON_RATIO` of its
         recompute, off past :data:`OFF_RATIO`, unchanged in between. The ratio is averaged
         over :data:`SMOOTH_S`, because the recompute figure moves with every refit of the
         prefill model (on the CPU proxy, 1.5-3.6 ms from one refit to the next)."""
@@ -110,18 +111,19 @@ class SSDAdmission:
         return False
 
     def _update_ratio(self) -> float | None:
-        """The averaged read/recompute ratio with the current figures folded in (None: a
-        speed unknown). Each figure weighs by the time since the last update."""
+        """The averaged read/recompute ratio (None: a speed not known yet). Each ratio seen
+        weighs by how long it held, until the next one was seen; the one seen now counts
+        from now on (a figure seen after an idle spell does not stand for the spell)."""
         read, recompute = self._read_seconds(), self._recompute_seconds()
         if read is None or recompute is None or recompute <= 0:
-            return self._ratio
+            return self._ratio  # not known yet (or no longer: the last average stands)
         sample, now = read / recompute, self._clock()
         if self._ratio is None:
             self._ratio = sample
         else:
             weight = 1.0 - math.exp(-max(0.0, now - self._ratio_at) / SMOOTH_S)
-            self._ratio += weight * (sample - self._ratio)
-        self._ratio_at = now
+            self._ratio += weight * (self._last - self._ratio)
+        self._last, self._ratio_at = sample, now
         return self._ratio
 
     def _switch(self, on: bool, ratio: float, first: bool = False) -> None:

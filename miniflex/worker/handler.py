@@ -277,10 +277,11 @@ class MiniFlexHandler:
         return sum(not f.done() for f in self._pending.get(req_id, ()))
 
     def drain(self) -> None:
-        """Block until every queued job is done (shutdown, tests, synchronous callers)."""
+        """Block until every queued job is done, its puts' copies too (shutdown, tests)."""
         for futs in list(self._pending.values()):
             for fut in list(futs):
                 fut.result()
+        self._guard.wait_all()
 
     def wait_for(self, req_ids: tuple[ReqId, ...]) -> None:
         """Block until every queued job of these requests is done (their blocks may be reused)."""

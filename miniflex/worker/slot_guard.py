@@ -50,6 +50,13 @@ class SlotGuard:
                 if (live := [f for f in fs if not f.done()])
             }
 
+    def wait_all(self) -> None:
+        """Block until every reader registered so far is done."""
+        with self._lock:
+            readers = {f for fs in self._readers.values() for f in fs}
+        for f in readers:
+            f.result()
+
     def after(self, slots: set[SlotId], then: Callable[[], None]) -> None:
         """Call ``then()`` once every reader of ``slots`` is done: here if none is running,
         else on the thread that completes the last of them."""

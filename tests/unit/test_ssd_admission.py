@@ -84,8 +84,19 @@ def test_admission_follows_a_lasting_change_with_hysteresis() -> None:
     disk.now = 10 * SMOOTH_S
     assert a.pays_off and a.switches == 1
     disk.read = 2 * disk.recompute
+    assert a.pays_off  # seen now, it weighs by how long it holds
     disk.now = 13 * SMOOTH_S
     assert not a.pays_off and a.switches == 2
+
+
+def test_a_figure_seen_after_an_idle_spell_does_not_stand_for_the_spell() -> None:
+    disk = Disk(read=0.001, recompute=0.003)
+    a = disk.admission()
+    assert a.pays_off
+    disk.now, disk.read = 10 * SMOOTH_S, 0.007  # idle, then one refit's figure far off
+    assert a.pays_off and a.switches == 0
+    disk.now += SMOOTH_S / 10
+    assert a.pays_off and a.switches == 0  # a tenth of the time constant moves it little
 
 
 def test_a_slow_disk_gets_one_probe_write_every_interval() -> None:
@@ -125,6 +136,7 @@ def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     for i in range(4):
         store(stack, [k(i)])
     disk.read = 0.001  # measured faster (writes seen, or reads), and for a while
+    assert not stack.writeback.ssd_pays_off  # not at once
     disk.now = 3 * SMOOTH_S
     store(stack, [k(4)])  # evicts k(0) and writes ahead until 2 slots are free or written
     assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1)]
