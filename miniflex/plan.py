@@ -132,6 +132,11 @@ class TransferJob:
         return (*self.promotions, *self.remote)
 
     @property
+    def touches_ssd(self) -> bool:
+        """Whether the job reads from SSD (promotions) or writes to it (demotions)."""
+        return bool(self.promotions or self.demotions)
+
+    @property
     def synchronous(self) -> bool:
         """A LOAD that vLLM's step waits for in its forward (SYNC or LAYERWISE)."""
         return self.timing is not LoadTiming.ASYNC

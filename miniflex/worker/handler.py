@@ -300,29 +300,26 @@ class MiniFlexHandler:
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
                 res = execute(job, fence, promoted, mover, ssd, self._writes)
-                if item.copied is not None:  # a STORE's puts: its GPU blocks are free already
+                if item.copied is None:
+                    self._queue_puts(job, res)  # a DEMOTE's: before the job is done
                     fut.set_result(res)
-                    self._copy_puts(job, res, item.copied)
-                else:
-                    if self._remote is not None and self._writes:
-                        self._remote.finished(job, res)  # a DEMOTE's puts: before it is done
+                else:  # a STORE's: after, its GPU blocks are free already
                     fut.set_result(res)
+                    self._queue_puts(job, res)
+                    item.copied.set_result(res)  # its slots may be overwritten now
             self._cpu.add(time.thread_time() - cpu)
 
-    def _copy_puts(self, job: TransferJob, res: JobResult, copied: Future[JobResult]) -> None:
-        """Queue a STORE's puts (copies of its slots), then let jobs overwrite those slots."""
+    def _queue_puts(self, job: TransferJob, res: JobResult) -> None:
+        """Queue the job's remote puts (copies of its slots), if it has any."""
+        if self._remote is None or not self._writes:
+            return
         try:
-            assert self._remote is not None
             self._remote.finished(job, res)
         except Exception as exc:  # the worker boundary: the puts are lost, nothing else
-            logger.error("MiniFlex: the puts of store job %d were not queued: %s", job.job_id, exc)
-        finally:
-            copied.set_result(res)
+            logger.error("MiniFlex: the puts of job %d were not queued: %s", job.job_id, exc)
 
     def _io_name(self, job: TransferJob) -> str:
-        return (
-            self._ssd.backend if self._ssd is not None and (job.promotions or job.demotions) else ""
-        )
+        return self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
 
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""

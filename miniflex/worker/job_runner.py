@@ -64,7 +64,7 @@ def execute(
 ) -> JobResult:
     """Run a job; a load's SSD reads were done before (``promoted``)."""
     t0 = time.perf_counter()
-    io = ssd.backend if ssd is not None and (job.promotions or job.demotions) else ""
+    io = ssd.backend if ssd is not None and job.touches_ssd else ""
     ssd_seconds = remote_seconds = 0.0
     try:
         failed_keys: set[ChunkKey] = set()

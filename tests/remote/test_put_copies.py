@@ -4,7 +4,6 @@ vLLM gets its blocks back at once; a job that overwrites those slots waits for t
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,6 +19,7 @@ from miniflex.remote.tier import WorkerRemote
 from miniflex.remote.uploader import RemoteUploader
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 from miniflex.worker.handler import MiniFlexHandler
+from tests.handler_steps import run_plan, wait_until
 from tests.remote.conftest import NEEDS_SERVER, NS_A, payload, store
 
 pytestmark = NEEDS_SERVER
@@ -45,12 +45,6 @@ def move_job(i: int, req: str, kind: JobKind, block: int, slot: int, key: int) -
     return TransferJob(JobId(i), ReqId(req), kind, (chunk,), remote=(copy,))
 
 
-def run_plan(h: MiniFlexHandler, step: int, *jobs: TransferJob) -> None:
-    plan = TransferPlan(jobs=jobs, step=step)
-    h.submit(plan, JobKind.LOAD)
-    h.submit(plan, JobKind.STORE)
-
-
 def gated_offer(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[bytes]]:
     """Hold every put's copy (``RemoteUploader.offer``) until the event is set; the bytes
     each copy saw are recorded."""
@@ -64,13 +58,6 @@ def gated_offer(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[
 
     monkeypatch.setattr(RemoteUploader, "offer", held)
     return gate, seen
-
-
-def wait_until(done: object, what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_a_store_is_reported_before_its_put_copy_and_its_slot_waits_for_it(

@@ -4,7 +4,6 @@ waits for that write, and the jobs queued after it do not."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,31 +11,19 @@ import pytest
 import torch
 
 from miniflex.config import MiniFlexConfig
-from miniflex.plan import ChunkMove, JobId, JobKind, SlotCopy, TransferJob, TransferPlan
+from miniflex.plan import ChunkMove, JobId, JobKind, SlotCopy, TransferJob
 from miniflex.ranks import RankSetup
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 from miniflex.worker.handler import MiniFlexHandler
+from tests.handler_steps import run_plan, wait_until
 
 BLOCKS = 8
 SLOTS = 4
 
 
-def wait_until(done: object, what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def job(i: int, req: str | None, kind: JobKind, **kw: object) -> TransferJob:
     return TransferJob(JobId(i), None if req is None else ReqId(req), kind, **kw)  # type: ignore[arg-type]
-
-
-def run_plan(h: MiniFlexHandler, step: int, *jobs: TransferJob) -> None:
-    plan = TransferPlan(jobs=jobs, step=step)
-    h.submit(plan, JobKind.LOAD)
-    h.submit(plan, JobKind.STORE)
 
 
 def gated(monkeypatch: pytest.MonkeyPatch, method: str) -> threading.Event:
