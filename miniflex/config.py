@@ -77,6 +77,7 @@ class MiniFlexConfig:
     ssd_io: str = field(default=_SPECS["ssd_io"].default)
     hit_policy: str = field(default=_SPECS["hit_policy"].default)
     load_mode: str = field(default=_SPECS["load_mode"].default)
+    backfill_s: float = field(default=_SPECS["backfill_s"].default)
     cpu_load_gbps: float | None = field(default=_SPECS["cpu_load_gbps"].default)
     ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
     prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)

@@ -18,6 +18,7 @@ __all__ = [
     "parse_dirs",
     "parse_int",
     "parse_path",
+    "parse_seconds",
     "parse_size",
 ]
 
@@ -147,4 +148,15 @@ def parse_auto_float(key: str, value: object) -> float | None:
         x = None
     if x is None or not x > 0 or x == float("inf"):
         raise ConfigError(key, value, "expected 'auto' or a positive number")
+    return x
+
+
+def parse_seconds(key: str, value: object, lo: float, hi: float) -> float:
+    """A duration in seconds from ``lo`` to ``hi`` (a number or a numeric string)."""
+    try:
+        x = float(value) if isinstance(value, (int, float, str)) and value is not True else None
+    except ValueError:
+        x = None
+    if x is None or not lo <= x <= hi:
+        raise ConfigError(key, value, f"expected seconds from {lo} to {hi}")
     return x

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from miniflex.config_parse import parse_int, parse_size
+from miniflex.config_parse import parse_int, parse_seconds, parse_size
 from miniflex.errors import ConfigError
 
 __all__ = [
@@ -109,16 +109,6 @@ def _parse_file(key: str, value: object) -> str | None:
     if not os.path.isfile(value) or not os.access(value, os.R_OK):
         raise ConfigError(key, value, "expected an existing file this process can read")
     return value
-
-
-def _parse_seconds(key: str, value: object, lo: float, hi: float) -> float:
-    try:
-        x = float(value) if isinstance(value, (int, float, str)) and value is not True else None
-    except ValueError:
-        x = None
-    if x is None or not lo <= x <= hi:
-        raise ConfigError(key, value, f"expected seconds from {lo} to {hi}")
-    return x
 
 
 def _parse_bool(key: str, value: object) -> bool:
@@ -233,7 +223,7 @@ REMOTE_SPECS: dict[str, Spec] = {
         "",
     ),
     "remote_timeout_s": (
-        lambda k, v: _parse_seconds(k, v, 0.01, 60.0),
+        lambda k, v: parse_seconds(k, v, 0.01, 60.0),
         1.0,
         "Bound on each connect, send and receive of a call to the remote store; a call "
         "that exceeds it fails (counted), it is never retried in place.",
@@ -276,7 +266,7 @@ REMOTE_SPECS: dict[str, Spec] = {
         "1",
     ),
     "remote_retry_s": (
-        lambda k, v: _parse_seconds(k, v, 0.0, 3600.0),
+        lambda k, v: parse_seconds(k, v, 0.0, 3600.0),
         1.0,
         "After a connection failure or timeout, calls fail at once (counted) for this "
         "long; then one call tries to reconnect.",

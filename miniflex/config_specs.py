@@ -19,6 +19,7 @@ from miniflex.config_parse import (
     parse_dirs,
     parse_int,
     parse_path,
+    parse_seconds,
     parse_size,
 )
 from miniflex.config_remote import REMOTE_SPECS
@@ -189,6 +190,16 @@ SPECS: dict[str, Spec] = {
         "computes); `auto`: the cost model picks layerwise or async per request (see "
         "docs/design.md). Chunks read from SSD always load async.",
         "auto",
+    ),
+    "backfill_s": Spec(
+        lambda k, v: parse_seconds(k, v, 0.0, 600.0),
+        5.0,
+        "Backfill: a waiting request that vLLM could not fit in its KV cache is passed over "
+        "for up to this long, so that the requests behind it that fit (most often ones whose "
+        "prefix is already on the GPU) are scheduled instead of waiting too; it is tried again "
+        "whenever a request ends, oldest first (passes counted in `backfill_passes`). `0`: "
+        "vLLM's own order, first come first served.",
+        "5.0",
     ),
     "cpu_load_gbps": Spec(
         parse_auto_float,

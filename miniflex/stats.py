@@ -46,6 +46,7 @@ class TransferStats:
     ssd_chunks_recomputed: int = 0  # resident on SSD, recomputed because that was faster
     remote_fetched_chunks: int = 0  # read remote store -> CPU for a load
     remote_read_failures: int = 0  # missing, unreachable or corrupt on fetch: recomputed
+    backfill_passes: int = 0  # lookups that passed over a request that did not fit (backfill)
     remote_puts: int = 0  # chunks handed to the workers' write-through to the remote store
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
@@ -79,6 +80,7 @@ class TransferStats:
         "remote_fetched_chunks",
         "remote_read_failures",
         "remote_puts",
+        "backfill_passes",
         "ttft_samples",
         "ttft_predicted_s",
         "ttft_actual_s",

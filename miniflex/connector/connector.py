@@ -39,6 +39,7 @@ from miniflex.keys import namespace_for
 from miniflex.plan import TransferPlan
 from miniflex.ranks import RankSetup, TPPlacement
 from miniflex.remote.tier import WorkerRemote
+from miniflex.scheduler.backfill import Backfill
 from miniflex.scheduler.hits import load_tokens_by_tier
 from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.shared_pool import shared_pool_path
@@ -102,6 +103,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._live: LiveState | None = None  # scheduler: status file and /metrics levels
         self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
+        self.backfill = Backfill(self.config.backfill_s)  # scheduler: who waits for room
         self._step: StepDriver | None = None  # worker: the hooks of one engine step
         if role == KVConnectorRole.SCHEDULER:
             self._start_scheduler_side(vllm_config)
@@ -233,21 +235,26 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """None: not known yet, vLLM asks again in a later step (a chunk is landing on SSD)."""
-        self._requests[request.request_id] = request
+        """None: not known yet, vLLM asks again in a later step (a chunk is landing on SSD,
+        or the request did not fit in vLLM's KV cache and others may: ``backfill.py``)."""
+        req_id, bs = request.request_id, self.geometry.block_size
+        need = -(-request.num_tokens // bs) - num_computed_tokens // bs  # GPU blocks it takes
+        if self.backfill.passes_over(req_id, need):
+            self.manager.stats.backfill_passes += 1
+            return None, False
+        self._requests[req_id] = request
         hit = self.manager.lookup(
-            request.request_id,
-            compat.block_hashes(request),
-            request.num_tokens,
-            num_computed_tokens,
+            req_id, compat.block_hashes(request), request.num_tokens, num_computed_tokens
         )
         if hit.tokens is None:
             return None, False
+        self.backfill.asked(req_id, need)
         return hit.tokens, hit.tokens > 0 and hit.load_async
 
     @timed_hook
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._requests[request.request_id] = request
+        self.backfill.admitted(request.request_id)
         self.manager.on_alloc(
             request.request_id, compat.request_block_ids(blocks), num_external_tokens
         )
@@ -270,11 +277,14 @@ class MiniFlexConnector(KVConnectorBase_V1):
             if s.req_id in self._requests
         }
         plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
+        self.backfill.end_step()
         self._report_scheduler_hooks()
         return MiniFlexMetadata(plan)
 
     @timed_hook
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if connector_output.finished_sending:  # vLLM frees the blocks it held for stores
+            self.backfill.room(len(connector_output.finished_sending))
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, MiniFlexWorkerMeta):
             self.manager.on_probes(meta.probes)
@@ -298,6 +308,9 @@ class MiniFlexConnector(KVConnectorBase_V1):
             }
         }
         delay = self.manager.on_finished(req_id)
+        self.backfill.forget(req_id)
+        if not delay:
+            self.backfill.room()
         self._requests.pop(req_id, None)
         self._observe()  # an abort may end the last request between engine steps
         return delay, params

@@ -67,7 +67,7 @@ def serves_groups(kv_cache_config: Any) -> bool:
 
 def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> MiniFlexConfig:
     """Group ``g``'s share of the settings: ``cpu_bytes / count``, async loads, its own
-    pool file; the status file is the ``main`` group's."""
+    pool file; the status file and backfill are the ``main`` group's."""
     if config.ssd_dirs:
         raise ConfigError("ssd_dirs", config.ssd_dirs, "no SSD tier yet for several KV groups")
     return dataclasses.replace(
@@ -76,6 +76,7 @@ def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> Mi
         load_mode="async",
         cpu_pool_file=f"{config.cpu_pool_file}.g{g}" if config.cpu_pool_file else None,
         status_file=config.status_file if g == main else None,
+        backfill_s=config.backfill_s if g == main else 0.0,
     )
 
 
