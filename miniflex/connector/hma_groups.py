@@ -150,8 +150,13 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        answers = [p.get_num_new_matched_tokens(request, num_computed_tokens) for p in self.parts]
-        if any(n is None for n, _ in answers):
+        main = self.parts[self.main]
+        if main.get_num_new_matched_tokens(request, num_computed_tokens)[0] is None:
+            return None, False  # passed over (backfill, the main group's): ask no other group
+        others = [p for g, p in enumerate(self.parts) if g != self.main]
+        if any(
+            p.get_num_new_matched_tokens(request, num_computed_tokens)[0] is None for p in others
+        ):
             return None, False
         keys = self.parts[self.main].manager.state_for(request.request_id).keys
         end = longest_hit(

@@ -265,3 +265,24 @@ def test_a_request_aborted_while_one_group_loads_keeps_its_blocks_until_it_is_do
     assert "b" not in engine.sched.requests and engine.free_blocks() == total
     parts = engine.sched.connector.parts
     assert all(p.manager.cpu.usage().pinned_or_moving == 0 for p in parts)
+
+
+def test_a_request_the_main_group_passes_over_is_looked_up_in_no_other_group(
+    engine: Engine,
+) -> None:
+    """Backfill is the full-attention group's: a request it passes over (one as big as a
+    request that did not fit) costs the other groups no lookup."""
+    conn = engine.sched.connector
+    assert isinstance(conn, MiniFlexGroupsConnector)
+    main, other = conn.parts[conn.main], conn.parts[1 - conn.main]
+    assert other.backfill.wait_s == 0 and main.backfill.wait_s > 0
+    main.backfill.asked("earlier", 10)
+    main.backfill.end_step()  # "earlier" needed 10 blocks and was not admitted
+    sp = SamplingParams(max_tokens=1, ignore_eos=True)
+    sp.update_from_generation_config({}, 2)
+    req = Request(
+        "big", tokens(9, 12 * BLOCK), sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256)
+    )
+    assert conn.get_num_new_matched_tokens(req, 0) == (None, False)
+    assert other.manager.find_state("big") is None and main.manager.find_state("big") is None
+    assert main.manager.stats.backfill_passes == 1
