@@ -9,6 +9,7 @@ with a label::
     vllm:miniflex_transfer_bytes_total{kind="load", ...}
     vllm:miniflex_ssd_failures_total{op="read", ...}
     vllm:miniflex_time_taken_seconds_total{where="worker_hooks", ...}
+    vllm:miniflex_backfill_passes_total{...}
 
 and the scheduler's state as gauges, updated while requests or transfers are in
 flight (at most once a second) and once more when the engine falls idle::
@@ -84,6 +85,12 @@ _METRICS: dict[str, tuple[str, str | None, dict[str, str]]] = {
         "MiniFlex transfer jobs that failed (their blocks were recomputed).",
         None,
         {"failed_jobs": ""},
+    ),
+    "vllm:miniflex_backfill_passes": (
+        "Lookups that passed over a waiting request which did not fit in vLLM's KV cache, "
+        "so that requests behind it that fit were scheduled first (backfill_s).",
+        None,
+        {"backfill_passes": ""},
     ),
 }
 

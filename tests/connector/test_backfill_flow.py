@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
-from tests.connector.stats_sum import summed_stats
+from tests.connector.stats_sum import prometheus_values, summed_stats
 
 PREFIX = tokens(1, 20 * BLOCK)
 
@@ -32,7 +32,9 @@ def test_a_request_that_fits_goes_ahead_of_one_that_does_not(tmp_path: Path) -> 
     h = start(tmp_path, 5.0)
     assert scheduled(h) == {"long"}  # "cold" is tried, does not fit, and holds this step
     assert "shares" in scheduled(h)  # then it is passed over: "shares" fits beside "long"
-    assert summed_stats(h.kv_stats).data["backfill_passes"] >= 1  # as vLLM's loggers get it
+    passes = summed_stats(h.kv_stats).data["backfill_passes"]  # as vLLM's loggers get it
+    value = prometheus_values(h.kv_stats, h.sched.vllm_config)
+    assert passes >= 1 and value("vllm:miniflex_backfill_passes_total") == passes
     while "long" in h.sched.requests:
         assert "cold" not in scheduled(h)
     for _ in range(3):  # "long" ended: "cold" tries again, and now fits

@@ -11,10 +11,10 @@ import pytest
 from vllm.v1.request import RequestStatus
 
 from miniflex.cli import main
-from miniflex.connector import MiniFlexConnector
 from miniflex.errors import ConfigError
 from miniflex.inspect_status import engine_liveness, inspect_status, load_status
 from tests.connector.harness import BLOCK, make_harness
+from tests.connector.stats_sum import prometheus_values
 
 CHUNK = 2 * BLOCK
 
@@ -127,34 +127,13 @@ def test_inspect_refuses_what_is_not_a_status_file(tmp_path: Path) -> None:
     assert main(["inspect", str(tmp_path / "missing.json")]) == 2
 
 
-def on_registry(kind: type, registry: object) -> type:
-    """vLLM's metric class ``kind``, registering on ``registry`` instead of the global one."""
-
-    def init(self: object, *args: object, **kwargs: object) -> None:
-        kind.__init__(self, *args, registry=registry, **kwargs)  # type: ignore[misc]
-
-    return type(kind.__name__, (kind,), {"__init__": init})
-
-
 def test_prometheus_counters_follow_the_stats_vllm_reports(tmp_path: Path) -> None:
-    import prometheus_client as prom
-
-    registry = prom.CollectorRegistry()
     h = make_harness(tmp_path / "model")
     prompt = [(i * 7919) % 997 + 3 for i in range(5 * CHUNK + 10)]
     h.cached_in_miniflex_only("a", prompt)
     h.add("b", prompt)
     h.run()
-    types = {k: on_registry(k, registry) for k in (prom.Gauge, prom.Counter, prom.Histogram)}
-    metrics = MiniFlexConnector.build_prom_metrics(
-        h.sched.vllm_config, types, ["model_name", "engine"], {0: ["m", "0"]}
-    )
-    for data in h.kv_stats:  # what vLLM's stats loggers receive, interval by interval
-        metrics.observe(data, engine_idx=0)
-
-    def value(name: str, **labels: str) -> float | None:
-        return registry.get_sample_value(name, {"model_name": "m", "engine": "0", **labels})
-
+    value = prometheus_values(h.kv_stats, h.sched.vllm_config)
     assert value("vllm:miniflex_hit_tokens_total", tier="cpu") == 5 * CHUNK
     assert value("vllm:miniflex_hit_tokens_total", tier="ssd") == 0
     assert value("vllm:miniflex_stored_tokens_total") == 5 * CHUNK
