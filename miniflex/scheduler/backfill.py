@@ -16,8 +16,9 @@ its blocks freed), when the oldest one passed over is tried again, or until it
 needs fewer blocks than when it failed (its prefix reached the GPU meanwhile);
 and never once it has waited ``wait_s`` since it first failed: from then on it
 holds the queue, as vLLM would. A request that needs at least as many blocks as
-one that failed since the last room is passed over without being tried. A
-request that fits is never held back.
+one that failed since the last room is passed over without being tried. At most
+``MAX_PASSES_PER_STEP`` requests are passed over in a step. A request that fits
+is never held back.
 
 Scheduler side, one thread. Example::
 
@@ -37,7 +38,12 @@ from dataclasses import dataclass
 
 from miniflex.types import ReqId
 
-__all__ = ["Backfill"]
+__all__ = ["MAX_PASSES_PER_STEP", "Backfill"]
+
+MAX_PASSES_PER_STEP = 128
+"""Most requests passed over in one step. vLLM computes each waiting request's GPU hit
+before it asks the connector, so a step that passes over the whole of a long queue
+costs vLLM that much work; past this many, the next request is tried, as vLLM would."""
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Backfill:
         self._waiting: dict[ReqId, _Waiting] = {}  # in the order they first did not fit
         self._asked: dict[ReqId, int] = {}  # answered this step -> blocks it needs
         self._unfit: int | None = None  # fewest blocks a request failed to get since room
+        self._passes = 0  # passed over this step
 
     @property
     def enabled(self) -> bool:
@@ -71,7 +78,7 @@ class Backfill:
         A request that needs as many blocks as one that did not fit since the last room
         would not fit either: it is passed over without being tried (a queue's worth of
         them in one step, not one a step)."""
-        if not self.enabled:
+        if not self.enabled or self._passes >= MAX_PASSES_PER_STEP:
             return False
         now = self._clock()
         fits = self._unfit is None or need < self._unfit
@@ -83,7 +90,9 @@ class Backfill:
         elif w.retry or (fits and need < w.need):  # room, or its prefix reached the GPU
             w.retry = False
             return False
-        return now - w.since < self.wait_s
+        passed = now - w.since < self.wait_s
+        self._passes += passed
+        return passed
 
     def asked(self, req_id: ReqId, need: int) -> None:
         """The lookup gave vLLM an answer: unless it is admitted, it did not fit."""
@@ -98,6 +107,7 @@ class Backfill:
     def end_step(self) -> None:
         """The step is scheduled: the requests answered and not admitted did not fit."""
         now = self._clock()
+        self._passes = 0
         for r, need in self._asked.items():
             w = self._waiting.get(r)
             if w is None:

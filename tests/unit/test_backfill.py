@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miniflex.scheduler.backfill import Backfill
+from miniflex.scheduler.backfill import MAX_PASSES_PER_STEP, Backfill
 
 
 class Clock:
@@ -94,3 +94,12 @@ def test_zero_is_vllms_own_order() -> None:
     assert b.num_waiting == 0 and not b.enabled
     with pytest.raises(ValueError, match="wait_s"):
         Backfill(-1.0)
+
+
+def test_a_step_passes_over_at_most_max_passes_per_step() -> None:
+    b = Backfill(5.0, Clock())
+    failed(b, "a", 10)
+    passed = [b.passes_over(f"r{i}", 20) for i in range(MAX_PASSES_PER_STEP + 2)]
+    assert passed == [True] * MAX_PASSES_PER_STEP + [False, False]  # the rest are tried
+    b.end_step()
+    assert b.passes_over("r0", 20) and b.passes_over("a", 10)  # a new step
