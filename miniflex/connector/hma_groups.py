@@ -158,7 +158,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             p.get_num_new_matched_tokens(request, num_computed_tokens)[0] is None for p in others
         ):
             return None, False
-        keys = self.parts[self.main].manager.state_for(request.request_id).keys
+        keys = main.manager.state_for(request.request_id).keys
         end = longest_hit(
             self.needs,
             self._held(request.request_id, num_computed_tokens // self.chunk_tokens),

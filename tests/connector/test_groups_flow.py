@@ -81,12 +81,14 @@ class Engine:
         self.read: dict[tuple[str, int, int], torch.Tensor] = {}
         """(request, group, block) -> the page the request's last forward read."""
 
-    def add(self, req_id: str, tokens: list[int]) -> Request:
+    def add(self, req_id: str, tokens: list[int], sched: bool = True) -> Request:
+        """A request, added to vLLM's scheduler unless ``sched`` is False."""
         sp = SamplingParams(max_tokens=1, ignore_eos=True)
         sp.update_from_generation_config({}, 2)
         hasher = get_request_block_hasher(BLOCK, sha256)
         req = self.requests[req_id] = Request(req_id, tokens, sp, None, block_hasher=hasher)
-        self.sched.add_request(req)
+        if sched:
+            self.sched.add_request(req)
         return req
 
     @staticmethod
@@ -278,11 +280,7 @@ def test_a_request_the_main_group_passes_over_is_looked_up_in_no_other_group(
     assert other.backfill.wait_s == 0 and main.backfill.wait_s > 0
     main.backfill.asked("earlier", 10)
     main.backfill.end_step()  # "earlier" needed 10 blocks and was not admitted
-    sp = SamplingParams(max_tokens=1, ignore_eos=True)
-    sp.update_from_generation_config({}, 2)
-    req = Request(
-        "big", tokens(9, 12 * BLOCK), sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256)
-    )
+    req = engine.add("big", tokens(9, 12 * BLOCK), sched=False)
     assert conn.get_num_new_matched_tokens(req, 0) == (None, False)
     assert other.manager.find_state("big") is None and main.manager.find_state("big") is None
     assert main.manager.stats.backfill_passes == 1
