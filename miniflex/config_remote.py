@@ -246,7 +246,8 @@ REMOTE_SPECS: dict[str, Spec] = {
         "Write-through: chunk copies waiting for their put, at most, per TP rank. A chunk "
         "stored while this much waits (a store slower than the engine's prefill, or one that "
         "is down) is not put, and counted; a prompt's head is queued before its tail, so the "
-        "store keeps a prefix.",
+        "store keeps a prefix. The copy buffers are kept for reuse once put, so up to this "
+        "much host memory stays allocated.",
         "1GiB",
     ),
     "remote_read_gbps": (

@@ -122,7 +122,8 @@ class TransferJob:
     timing: LoadTiming = LoadTiming.ASYNC
     """LOAD: when it runs (see :class:`LoadTiming`); other kinds are always ASYNC."""
     remote: tuple[RemoteCopy, ...] = ()
-    """LOAD: fetches from the remote store, done first (with the promotions); STORE: puts after."""
+    """LOAD: fetches from the remote store, done first (with the promotions); STORE, DEMOTE:
+    puts after (see :attr:`puts`)."""
 
     @property
     def reads(self) -> tuple[SlotCopy | RemoteCopy, ...]:
@@ -130,6 +131,11 @@ class TransferJob:
         if self.kind is not JobKind.LOAD:
             return ()
         return (*self.promotions, *self.remote)
+
+    @property
+    def puts(self) -> tuple[RemoteCopy, ...]:
+        """STORE (write-through) and DEMOTE (write-back): the chunks put to the remote store."""
+        return self.remote if self.kind in (JobKind.STORE, JobKind.DEMOTE) else ()
 
     @property
     def touches_ssd(self) -> bool:

@@ -20,10 +20,11 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from miniflex.config import MiniFlexConfig
 from miniflex.keys import Namespace
-from miniflex.plan import JobKind, JobResult, TransferJob
+from miniflex.plan import JobResult, TransferJob
 from miniflex.pool import HostPool
 from miniflex.ranks import TPPlacement
 from miniflex.remote import RemoteStore, open_remote_store
@@ -35,9 +36,6 @@ from miniflex.remote.uploader import RemoteUploader
 __all__ = ["WorkerRemote", "check_store", "open_checked", "open_lookup"]
 
 logger = logging.getLogger("miniflex.remote")
-
-_PUTS = (JobKind.STORE, JobKind.DEMOTE)
-"""Jobs whose ``remote`` copies are puts (write-through, write-back); a LOAD's are fetches."""
 
 
 def open_checked(config: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore | None:
@@ -142,19 +140,16 @@ class WorkerRemote:
         )
         return bps
 
-    def finished(self, job: TransferJob, result: JobResult) -> None:
-        """A job finished on its thread: a STORE's (write-through) or DEMOTE's (write-back)
-        puts are queued (copies of its slots, taken now, before any job overwrites them)."""
-        if (
-            job.kind not in _PUTS
-            or self.uploader is None
-            or not job.remote
-            or not result.ok
-            or self._pool is None
-        ):
+    def finished(self, job: TransferJob, result: JobResult, copied: Callable[[], None]) -> None:
+        """A job with puts was reported (a STORE's write-through, a DEMOTE's write-back): its
+        slots are copied for the puts on the uploader's copy thread, then ``copied`` is called;
+        at once when there is nothing to put (a failed job, no uploader). Until then the
+        caller keeps those slots unchanged."""
+        if not job.puts or self.uploader is None or not result.ok or self._pool is None:
+            copied()
             return
-        for c in job.remote:
-            self.uploader.offer(c.key, self._pool.slot(c.cpu))
+        pool = self._pool
+        self.uploader.offer_later([(c.key, pool.slot(c.cpu)) for c in job.puts], copied)
 
     def close(self) -> None:
         """Put what is queued (bounded by the store's timeout per put), then disconnect."""

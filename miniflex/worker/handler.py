@@ -22,9 +22,10 @@ store. Four threads, each running its jobs in plan order:
   (only then may the slot be overwritten), so the jobs queued after it never
   wait for the disk: no other job reads or writes a slot being stored or
   promoted into;
-* a store with remote puts (write-through) is reported done as soon as its GPU
-  copy is, so vLLM gets its blocks back; its slots are then copied for the
-  puts on the store thread, and are registered the same way until they are
+* a job with remote puts (a store's write-through, a write-back's) is reported
+  done as soon as its own copy is, so vLLM gets its blocks back; its slots are
+  then copied for the puts on the uploader's copy thread (the store thread goes
+  on with the next store), and are registered the same way until they are
   (``slot_guard.py``);
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
@@ -220,22 +221,20 @@ class MiniFlexHandler:
         for job in jobs:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
-            item = QueuedJob(job, fence, fut)
+            puts = bool(job.puts) and self._remote is not None and self._writes
+            item = QueuedJob(job, fence, fut, copied=Future() if puts else None)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
-                self._guard.hold((c.cpu for c in (*job.demotions, *job.remote)), fut)
+                self._guard.hold((c.cpu for c in job.demotions), fut)
+                self._guard.hold((c.cpu for c in job.remote), item.copied or fut)
                 self._ssd_queue.put(item)
             elif job.reads:  # promotions, fetches: read into slots once written back, then copy
                 reads = {c.cpu for c in job.reads}
                 self._guard.after(reads, lambda i=item: self._read_queue.put(i))
             elif job.kind is JobKind.STORE:
-                copied: Future[JobResult] | None = None
-                if job.remote and self._remote is not None and self._writes:
-                    copied = Future()  # the job is reported before its puts' copies
-                    item = replace(item, copied=copied)
                 slots = {c.slot for c in job.chunks}
                 self._guard.after(slots, lambda i=item: self._store_queue.put(i))
-                if copied is not None:  # after: the store must not wait for its own copies
-                    self._guard.hold((c.cpu for c in job.remote), copied)
+                if item.copied is not None:  # after: the store must not wait for its own copies
+                    self._guard.hold((c.cpu for c in job.remote), item.copied)
             else:
                 self._queue.put(item)
 
@@ -300,23 +299,25 @@ class MiniFlexHandler:
                 assert mover is not None
                 ssd = self._ssd if self._writes else None
                 res = execute(job, fence, promoted, mover, ssd, self._writes)
-                if item.copied is None:
-                    self._queue_puts(job, res)  # a DEMOTE's: before the job is done
-                    fut.set_result(res)
-                else:  # a STORE's: after, its GPU blocks are free already
-                    fut.set_result(res)
-                    self._queue_puts(job, res)
-                    item.copied.set_result(res)  # its slots may be overwritten now
+                fut.set_result(res)  # its GPU blocks are free; its slots wait for the copies
+                if item.copied is not None:
+                    self._queue_puts(job, res, item.copied)
             self._cpu.add(time.thread_time() - cpu)
 
-    def _queue_puts(self, job: TransferJob, res: JobResult) -> None:
-        """Queue the job's remote puts (copies of its slots), if it has any."""
-        if self._remote is None or not self._writes:
-            return
+    def _queue_puts(self, job: TransferJob, res: JobResult, copied: Future[JobResult]) -> None:
+        """Hand the job's remote puts to the uploader, whose copy thread copies their slots
+        (not this thread: the next store would wait for them) and then resolves ``copied``."""
+        assert self._remote is not None
+
+        def done() -> None:
+            if not copied.done():
+                copied.set_result(res)  # the slots may be overwritten now
+
         try:
-            self._remote.finished(job, res)
+            self._remote.finished(job, res, done)
         except Exception as exc:  # the worker boundary: the puts are lost, nothing else
             logger.error("MiniFlex: the puts of job %d were not queued: %s", job.job_id, exc)
+            done()
 
     def _io_name(self, job: TransferJob) -> str:
         return self._ssd.backend if self._ssd is not None and job.touches_ssd else ""

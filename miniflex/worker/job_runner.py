@@ -41,8 +41,9 @@ class QueuedJob:
     promoted: Promoted | None = None
     """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
     copied: Future[JobResult] | None = None
-    """A STORE with remote puts: done once its slots are copied for the puts (the job itself
-    is reported before that, see :class:`~miniflex.worker.slot_guard.SlotGuard`)."""
+    """A job with remote puts (STORE, DEMOTE): done once its slots are copied for the puts,
+    on the uploader's copy thread (the job itself is reported before that, see
+    :class:`~miniflex.worker.slot_guard.SlotGuard`)."""
 
 
 def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:

@@ -45,18 +45,18 @@ def move_job(i: int, req: str, kind: JobKind, block: int, slot: int, key: int) -
     return TransferJob(JobId(i), ReqId(req), kind, (chunk,), remote=(copy,))
 
 
-def gated_offer(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[bytes]]:
-    """Hold every put's copy (``RemoteUploader.offer``) until the event is set; the bytes
+def gated_copies(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[bytes]]:
+    """Hold every put's copy (the uploader's copy thread) until the event is set; the bytes
     each copy saw are recorded."""
     gate, seen = threading.Event(), []
-    real = RemoteUploader.offer
+    real = RemoteUploader._copy
 
     def held(self: RemoteUploader, key: ChunkKey, data: np.ndarray) -> bool:
         assert gate.wait(10), "the test never opened the gate"
         seen.append(np.asarray(data).tobytes())
         return real(self, key, data)
 
-    monkeypatch.setattr(RemoteUploader, "offer", held)
+    monkeypatch.setattr(RemoteUploader, "_copy", held)
     return gate, seen
 
 
@@ -67,7 +67,7 @@ def test_a_store_is_reported_before_its_put_copy_and_its_slot_waits_for_it(
     assert h._pool is not None and h._remote is not None
     for k in (ChunkKey(7), ChunkKey(8)):  # two chunks another engine stored
         assert h._remote.store.put(k, payload(h._pool.slot_bytes, seed=k))
-    gate, seen = gated_offer(monkeypatch)
+    gate, seen = gated_copies(monkeypatch)
     try:
         run_plan(h, 1, move_job(0, "a", JobKind.STORE, block=0, slot=0, key=1000))
         # reported while its put copy is held: vLLM gets the request's blocks back
@@ -100,3 +100,23 @@ def test_puts_reach_the_store_with_the_bytes_of_their_slots(handler: MiniFlexHan
     got = np.zeros(h._pool.slot_bytes, dtype=np.uint8)
     n = h._remote.store.get_into(ChunkKey(1000), memoryview(got))
     assert n == h._pool.slot_bytes and np.array_equal(got, h._pool.slot(SlotId(2)))
+
+
+def test_the_next_store_does_not_wait_for_the_previous_stores_put_copies(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt's stores follow one another on the store thread: were each followed there by
+    its put copies, the last store (and the prompt's blocks) would wait for all of them."""
+    h = handler
+    assert h._pool is not None
+    gate, seen = gated_copies(monkeypatch)
+    try:
+        run_plan(h, 1, move_job(0, "a", JobKind.STORE, block=0, slot=0, key=1000))
+        run_plan(h, 2, move_job(1, "a", JobKind.STORE, block=1, slot=1, key=1001))
+        h.release_when_saved(TransferPlan(jobs=(), step=2, release=(ReqId("a"),)))
+        wait_until(lambda: ReqId("a") in h.poll()[0], "both stores, with their copies held")
+        assert seen == []
+    finally:
+        gate.set()
+    h.drain()
+    assert seen == [h._pool.slot(SlotId(0)).tobytes(), h._pool.slot(SlotId(1)).tobytes()]
