@@ -27,6 +27,7 @@ from miniflex.config_parse import parse_int, parse_seconds, parse_size
 from miniflex.errors import ConfigError
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "REMOTE_SCHEMES",
     "REMOTE_SPECS",
     "REMOTE_WRITES",
@@ -36,17 +37,24 @@ __all__ = [
     "tls_on",
 ]
 
-REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
-"""URL schemes of ``remote_url``: Redis or Valkey over TCP, TLS (``rediss``, ``valkeys``), or
-a Unix socket."""
-TLS_SCHEMES = ("rediss", "valkeys")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
+"""URL schemes of a Redis or Valkey Cluster, named by startup nodes ``HOST:PORT,...``."""
+REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix", *CLUSTER_SCHEMES)
+"""URL schemes of ``remote_url``: Redis or Valkey over TCP, TLS (``rediss``, ``valkeys``), a
+Unix socket, or a cluster."""
+TLS_SCHEMES = ("rediss", "valkeys", "rediss+cluster", "valkeys+cluster")
 REMOTE_WRITES = ("through", "back", "off")
 """Values of ``remote_write``."""
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _URL_HELP = (
-    "expected redis://HOST[:PORT][/DB], rediss://... (TLS), valkey://, valkeys:// or "
-    "unix:///PATH, without credentials or options"
+    "expected redis://HOST[:PORT][/DB], rediss://... (TLS), valkey://, valkeys://, "
+    "unix:///PATH or redis+cluster://HOST:PORT[,HOST:PORT...] (rediss+cluster for TLS), "
+    "without credentials or options"
+)
+_NO_CREDENTIALS = (
+    "credentials do not belong in the URL (vLLM logs its config): set remote_user and "
+    "remote_password or remote_password_file"
 )
 
 Spec = tuple[Callable[[str, object], Any], Any, str, str]
@@ -58,6 +66,18 @@ def _parse_url(key: str, value: object) -> str | None:
         return None
     if not isinstance(value, str):
         raise ConfigError(key, value, _URL_HELP)
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme in CLUSTER_SCHEMES:
+        if "@" in value:
+            raise ConfigError(key, "<hidden>", _NO_CREDENTIALS)
+        for node in value.split("://", 1)[1].removesuffix("/").split(","):
+            try:  # each startup node as one server's URL
+                _parse_url(key, f"redis://{node.strip()}")
+            except ConfigError:
+                raise ConfigError(key, value, f"startup node {node!r} is not HOST:PORT") from None
+            if "/" in node:
+                raise ConfigError(key, value, "a cluster has no databases: drop the /DB")
+        return value
     try:
         parts = urlsplit(value)
         port = parts.port
@@ -68,12 +88,7 @@ def _parse_url(key: str, value: object) -> str | None:
     if parts.scheme not in REMOTE_SCHEMES:
         raise ConfigError(key, value, _URL_HELP)
     if parts.username or parts.password:
-        raise ConfigError(
-            key,
-            "<hidden>",
-            "credentials do not belong in the URL (vLLM logs its config): set remote_user "
-            "and remote_password or remote_password_file",
-        )
+        raise ConfigError(key, "<hidden>", _NO_CREDENTIALS)
     if parts.query or parts.fragment:
         raise ConfigError(key, value, "no URL options: use MiniFlex's remote_* keys instead")
     if parts.scheme == "unix":
@@ -163,7 +178,9 @@ REMOTE_SPECS: dict[str, Spec] = {
         _parse_url,
         None,
         "The shared remote tier's store: `redis://HOST:PORT[/DB]` (Redis or Valkey), "
-        "`rediss://` for TLS, or `unix:///PATH`. Empty: no remote tier. Credentials go in "
+        "`rediss://` for TLS, `unix:///PATH`, or a Redis or Valkey Cluster by its startup "
+        "nodes, `redis+cluster://HOST:PORT[,HOST:PORT...]` (`rediss+cluster://` for TLS; "
+        "chunks spread over its primaries by slot). Empty: no remote tier. Credentials go in "
         "`remote_user` and `remote_password` or `remote_password_file`, never in the URL. "
         "A local miss looks the store up; a hit is fetched into a CPU slot (docs/design.md).",
         "",

@@ -9,6 +9,9 @@ written to a file in its own directory, so no secret is on a command line::
         server.kill(); server.start()    # a crash and a restart on the same port
         server.pause(); server.resume()  # a hung server (SIGSTOP / SIGCONT)
 
+    with LocalCluster(tmp_dir, nodes=3) as cluster:   # a Redis Cluster of three primaries
+        url = cluster.url                # redis+cluster://127.0.0.1:<port>,...
+
 Operators run their own store; this is not how MiniFlex reaches one.
 """
 
@@ -27,7 +30,7 @@ from types import TracebackType
 
 from miniflex.errors import MiniFlexError
 
-__all__ = ["LocalServer", "ServerTLS", "free_port", "server_binary"]
+__all__ = ["LocalCluster", "LocalServer", "ServerTLS", "free_port", "server_binary"]
 
 _BINARIES = ("redis-server", "valkey-server")
 _START_TIMEOUT_S = 10.0
@@ -71,17 +74,23 @@ class LocalServer:
         tls: ServerTLS | None = None,
         maxmemory: str = "1gb",
         port: int | None = None,
+        cluster: bool = False,
     ) -> None:
+        """``cluster``: a Redis Cluster node (its slots assigned by :class:`LocalCluster`)."""
         binary = server_binary()
         if binary is None:
             raise MiniFlexError("neither redis-server nor valkey-server is installed")
         self.binary = binary
         self.port = free_port() if port is None else port
+        self.cluster_port = free_port() if cluster else None  # not port + 10000: may be taken
         self.tls = tls
         self._dir = Path(directory)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._conf = self._dir / "server.conf"
         text = _conf_text(self.port, password, acl_users, tls, maxmemory)
+        if cluster:
+            text += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
+            text += f"cluster-node-timeout 2000\ncluster-port {self.cluster_port}\n"
         self._conf.write_text(f"dir {self._dir.resolve()}\n" + text)
         self._conf.chmod(0o600)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -169,3 +178,74 @@ def _conf_text(
         lines.append(f"requirepass {password}")
     lines += [f"user {rule}" for rule in acl_users]
     return "\n".join(lines) + "\n"
+
+
+class LocalCluster:
+    """``nodes`` cluster-enabled servers, the 16384 hash slots split among them, no replicas."""
+
+    SLOTS = 16384
+
+    def __init__(
+        self, directory: str | os.PathLike[str], nodes: int = 3, **options: object
+    ) -> None:
+        """``options``: those of :class:`LocalServer` (``password``, ``maxmemory``...)."""
+        root = Path(directory)
+        self.servers = [
+            LocalServer(root / f"node{i}", cluster=True, **options)  # type: ignore[arg-type]
+            for i in range(nodes)
+        ]
+        self._password = options.get("password")
+
+    @property
+    def url(self) -> str:
+        scheme = "rediss+cluster" if self.servers[0].tls else "redis+cluster"
+        return f"{scheme}://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def start(self) -> LocalCluster:
+        """Start every node, assign the slots, introduce the nodes; wait for cluster_state ok."""
+        import redis
+
+        for server in self.servers:
+            server.start()
+        clients = [
+            redis.Redis(port=s.port, password=self._password, socket_timeout=5)  # type: ignore[arg-type]
+            for s in self.servers
+        ]
+        share = -(-self.SLOTS // len(clients))
+        for i, client in enumerate(clients):
+            first, last = i * share, min(self.SLOTS, (i + 1) * share) - 1
+            client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+            if i:
+                first_node = self.servers[0]
+                client.execute_command(
+                    "CLUSTER MEET", "127.0.0.1", first_node.port, first_node.cluster_port
+                )
+        deadline = time.monotonic() + _START_TIMEOUT_S * 3
+        while time.monotonic() < deadline:
+            states = [c.execute_command("CLUSTER INFO") for c in clients]
+            if all(_cluster_ok(s) for s in states):
+                break
+            time.sleep(0.1)
+        else:
+            self.kill()
+            raise MiniFlexError("the local cluster did not reach cluster_state:ok")
+        for client in clients:
+            client.close()
+        return self
+
+    def kill(self) -> None:
+        for server in self.servers:
+            server.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def _cluster_ok(info: object) -> bool:
+    """Whether a ``CLUSTER INFO`` reply (parsed by the client into a dict, or raw) says ok."""
+    if isinstance(info, dict):
+        return str(info.get("cluster_state")) == "ok"
+    return b"cluster_state:ok" in (info if isinstance(info, bytes) else str(info).encode())

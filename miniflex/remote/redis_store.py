@@ -35,7 +35,7 @@ from miniflex.remote.envelope import (
     verify,
 )
 from miniflex.remote.link import Link
-from miniflex.remote.resp import RespPacker
+from miniflex.remote.redis_clients import open_client
 from miniflex.types import ChunkKey
 
 __all__ = ["ACL_RULES", "PART_BYTES", "RedisStore"]
@@ -70,7 +70,8 @@ _FAILED = _Failed()
 
 
 class RedisStore(RemoteStore):
-    """A :class:`RemoteStore` on one Redis or Valkey server (or its TLS / Unix-socket forms)."""
+    """A :class:`RemoteStore` on one Redis or Valkey server (or its TLS / Unix-socket forms),
+    or on a Redis or Valkey Cluster (:mod:`miniflex.remote.redis_clients`)."""
 
     def __init__(
         self,
@@ -111,10 +112,7 @@ class RedisStore(RemoteStore):
             options.update(
                 ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file
             )
-        pool = redis.ConnectionPool.from_url(
-            _client_url(url, tls), command_packer=RespPacker(), **options
-        )
-        self._client = redis.Redis(connection_pool=pool)
+        self._client = open_client(url, tls, options)
 
     def redis_key(self, key: ChunkKey) -> str:
         """The Redis key holding ``key``'s chunk in this namespace."""
@@ -282,15 +280,6 @@ def _fetch(client: redis.Redis, name: str) -> dict[bytes, bytes]:
         if str(exc).startswith("WRONGTYPE"):
             raise CorruptValueError("not a MiniFlex hash (WRONGTYPE)") from None
         raise
-
-
-def _client_url(url: str, tls: bool) -> str:
-    """``url`` in the ``redis`` client's schemes: valkey -> redis, and rediss when ``tls``."""
-    scheme, rest = url.split("://", 1)
-    scheme = {"valkey": "redis", "valkeys": "rediss"}.get(scheme, scheme)
-    if tls and scheme == "redis":
-        scheme = "rediss"
-    return f"{scheme}://{rest}"
 
 
 def _is_tls_failure(exc: BaseException) -> bool:

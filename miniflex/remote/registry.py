@@ -12,16 +12,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from miniflex.config import MiniFlexConfig
+from miniflex.config_remote import REMOTE_SCHEMES
 from miniflex.errors import ConfigError
 from miniflex.remote.base import RemoteStore
 
 __all__ = ["BACKENDS", "open_remote_store"]
 
 BACKENDS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
-    {
-        scheme: ("miniflex.remote.redis_store", "RedisStore", "redis")
-        for scheme in ("redis", "rediss", "valkey", "valkeys", "unix")
-    }
+    {scheme: ("miniflex.remote.redis_store", "RedisStore", "redis") for scheme in REMOTE_SCHEMES}
 )
 """URL scheme -> (module, class, client library it imports)."""
 

@@ -49,9 +49,9 @@ def totals(h: Harness) -> dict[str, float]:
     return summed_totals(h.kv_stats)
 
 
-def computed(model: Path, url: str, seed: int) -> None:
+def computed(model: Path, url: str, seed: int, **extra: object) -> None:
     """Engine A computes ``tokens(seed)``; closing it puts what its write-through queued."""
-    a = engine(model, url)
+    a = engine(model, url, **extra)
     a.cached_in_miniflex_only("a", tokens(seed))
     assert totals(a)["remote_puts"] == CHUNKS
     a.worker.shutdown()

@@ -27,7 +27,15 @@ def test_the_remote_tier_is_off_by_default() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://cache:6379", "redis://10.0.0.5", "redis://[::1]:6380/2", "valkey://c:1", "unix:///s"],
+    [
+        "redis://cache:6379",
+        "redis://10.0.0.5",
+        "redis://[::1]:6380/2",
+        "valkey://c:1",
+        "unix:///s",
+        "redis+cluster://c0:7000,c1:7000,[::1]:7001",
+        "valkey+cluster://c0",
+    ],
 )
 def test_store_urls_are_accepted(url: str) -> None:
     assert _cfg({"remote_url": url}).remote_url == url
@@ -41,6 +49,9 @@ def test_store_urls_are_accepted(url: str) -> None:
         ("redis://cache:6379/zero", "database number"),
         ("redis://cache:6379?socket_timeout=9", "remote_* keys"),
         ("unix://", "unix:///PATH"),
+        ("redis+cluster://c0:7000,c1:99999", "startup node 'c1:99999'"),
+        ("redis+cluster://c0:7000,", "startup node ''"),
+        ("redis+cluster://c0:7000/1", "no databases"),
     ],
 )
 def test_bad_urls_say_what_is_accepted(url: str, says: str) -> None:
@@ -48,10 +59,18 @@ def test_bad_urls_say_what_is_accepted(url: str, says: str) -> None:
     assert err.key == "remote_url" and says in str(err)
 
 
-def test_a_password_in_the_url_is_refused_and_not_echoed() -> None:
-    err = _error({"remote_url": "redis://:hunter2@cache:6379"})
+@pytest.mark.parametrize(
+    "url", ["redis://:hunter2@cache:6379", "redis+cluster://c0:1,u:hunter2@c1:2"]
+)
+def test_a_password_in_the_url_is_refused_and_not_echoed(url: str) -> None:
+    err = _error({"remote_url": url})
     assert err.key == "remote_url" and "remote_password_file" in str(err)
     assert "hunter2" not in str(err)
+
+
+def test_tls_follows_the_cluster_scheme() -> None:
+    assert _cfg({"remote_url": "rediss+cluster://c0:1,c1:2"}).remote_tls_on
+    assert not _cfg({"remote_url": "redis+cluster://c0:1"}).remote_tls_on
 
 
 def test_password_comes_from_the_environment_and_is_not_shown() -> None:
