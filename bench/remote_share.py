@@ -26,6 +26,7 @@ on a free port. Without ``--model``, the demo's locally generated model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -94,12 +95,20 @@ def _log(msg: str) -> None:
 def _engine(
     url: str, args: argparse.Namespace, settings: EngineSettings, policy: str = "cost"
 ) -> OfflineDriver:
-    text = f"miniflex-cpu+remote_url={url}+remote_write_backlog={args.write_backlog}"
-    text += f"+hit_policy={policy}"
-    config = parse_configs(text)[0]
+    text = f"miniflex-cpu+remote_write_backlog={args.write_backlog}+hit_policy={policy}"
+    base = parse_configs(text)[0]
+
+    def build(t: TierSizes) -> dict[str, Any] | None:  # the URL may hold ',' and '+'
+        kv = base.build(t)
+        assert kv is not None
+        return {
+            **kv,
+            "kv_connector_extra_config": {**kv["kv_connector_extra_config"], "remote_url": url},
+        }
+
     cpu = parse_size("cpu_bytes", args.cpu_bytes)
     tiers = TierSizes(cpu, cpu, 0, None, 0)
-    return OfflineDriver(config, settings, tiers)
+    return OfflineDriver(dataclasses.replace(base, build=build), settings, tiers)
 
 
 def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSettings:
@@ -118,13 +127,16 @@ def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSett
 
 
 def _wait_for_puts(url: str, quiet_s: float = 2.0, limit_s: float = 600.0) -> None:
-    """Until the store's key count stops growing for ``quiet_s``: write-through is done."""
-    import redis
+    """Until the store's key count stops growing for ``quiet_s``: write-through is done (on
+    a cluster, the keys of all its primaries)."""
+    from miniflex.remote.redis_clients import LazyCluster, open_client
 
-    client = redis.Redis.from_url(url)
+    password = os.environ.get("MINIFLEX_REMOTE_PASSWORD") or None
+    client = open_client(url, tls=False, options={"password": password})
+    where = {"target_nodes": "primaries"} if isinstance(client, LazyCluster) else {}
     last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        n = int(client.dbsize())
+        n = int(client.dbsize(**where))
         if n != last:
             last, since = n, time.monotonic()
         elif time.monotonic() - since >= quiet_s:
