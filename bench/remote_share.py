@@ -26,7 +26,6 @@ on a free port. Without ``--model``, the demo's locally generated model
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -38,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miniflex.bench.configs import TierSizes, parse_configs
+from miniflex.bench.configs import TierSizes, parse_configs, with_settings
 from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
 from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
@@ -96,19 +95,10 @@ def _engine(
     url: str, args: argparse.Namespace, settings: EngineSettings, policy: str = "cost"
 ) -> OfflineDriver:
     text = f"miniflex-cpu+remote_write_backlog={args.write_backlog}+hit_policy={policy}"
-    base = parse_configs(text)[0]
-
-    def build(t: TierSizes) -> dict[str, Any] | None:  # the URL may hold ',' and '+'
-        kv = base.build(t)
-        assert kv is not None
-        return {
-            **kv,
-            "kv_connector_extra_config": {**kv["kv_connector_extra_config"], "remote_url": url},
-        }
-
+    config = with_settings(parse_configs(text)[0], {"remote_url": url})  # may hold ',' and '+'
     cpu = parse_size("cpu_bytes", args.cpu_bytes)
     tiers = TierSizes(cpu, cpu, 0, None, 0)
-    return OfflineDriver(dataclasses.replace(base, build=build), settings, tiers)
+    return OfflineDriver(config, settings, tiers)
 
 
 def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSettings:

@@ -33,6 +33,7 @@ __all__ = [
     "REMOTE_WRITES",
     "TLS_SCHEMES",
     "check_remote",
+    "cluster_node_texts",
     "read_password",
     "tls_on",
 ]
@@ -70,9 +71,9 @@ def _parse_url(key: str, value: object) -> str | None:
     if scheme in CLUSTER_SCHEMES:
         if "@" in value:
             raise ConfigError(key, "<hidden>", _NO_CREDENTIALS)
-        for node in value.split("://", 1)[1].removesuffix("/").split(","):
+        for node in cluster_node_texts(value):
             try:  # each startup node as one server's URL
-                _parse_url(key, f"redis://{node.strip()}")
+                _parse_url(key, f"redis://{node}")
             except ConfigError:
                 raise ConfigError(key, value, f"startup node {node!r} is not HOST:PORT") from None
             if "/" in node:
@@ -100,6 +101,11 @@ def _parse_url(key: str, value: object) -> str | None:
     if parts.path not in ("", "/") and not parts.path[1:].isdigit():
         raise ConfigError(key, value, "the path, if any, must be a database number, e.g. /0")
     return value
+
+
+def cluster_node_texts(url: str) -> list[str]:
+    """The startup nodes of a cluster URL as written, ``HOST[:PORT]`` each."""
+    return [node.strip() for node in url.split("://", 1)[1].removesuffix("/").split(",")]
 
 
 def _parse_text(key: str, value: object) -> str | None:

@@ -375,6 +375,12 @@ def _config(text: str) -> EngineConfig:
     from miniflex.config import MiniFlexConfig
 
     MiniFlexConfig.from_dict(extra, env={})  # unknown keys and bad values fail here
+    return with_settings(base, extra, name=text)
+
+
+def with_settings(base: EngineConfig, extra: dict[str, str], name: str = "") -> EngineConfig:
+    """MiniFlex configuration ``base`` with the settings ``extra`` on top (named ``name``,
+    default ``base``'s); the settings are not checked here."""
 
     def build(t: TierSizes) -> dict[str, Any] | None:
         kv = base.build(t)
@@ -382,4 +388,6 @@ def _config(text: str) -> EngineConfig:
         return {**kv, "kv_connector_extra_config": {**kv["kv_connector_extra_config"], **extra}}
 
     shown = ", ".join(f"{k}={v}" for k, v in extra.items())
-    return dataclasses.replace(base, name=text, describe=f"{base.describe}, {shown}", build=build)
+    return dataclasses.replace(
+        base, name=name or base.name, describe=f"{base.describe}, {shown}", build=build
+    )

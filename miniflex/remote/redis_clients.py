@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.cluster import ClusterNode
 
-from miniflex.config_remote import CLUSTER_SCHEMES, TLS_SCHEMES
+from miniflex.config_remote import CLUSTER_SCHEMES, TLS_SCHEMES, cluster_node_texts
 from miniflex.remote.resp import RespPacker
 
 __all__ = ["LazyCluster", "cluster_nodes", "open_client"]
@@ -48,8 +48,8 @@ class _PackedSSL(redis.SSLConnection):
 def cluster_nodes(url: str) -> list[tuple[str, int]]:
     """The ``(host, port)`` startup nodes of a cluster URL (port 6379 where none is given)."""
     nodes = []
-    for node in url.split("://", 1)[1].strip("/").split(","):
-        parts = urlsplit(f"//{node.strip()}")
+    for node in cluster_node_texts(url):
+        parts = urlsplit(f"//{node}")
         nodes.append((parts.hostname or "", parts.port or DEFAULT_PORT))
     return nodes
 
