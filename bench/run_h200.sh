@@ -6,7 +6,7 @@
 # num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
 #
 #   bash bench/run_h200.sh PART OUT_DIR
-#   PART: ttft | burst | overflow | mixed | overhead | multiturn | ssd | remote | all
+#   PART: ttft | decode | burst | overflow | mixed | overhead | multiturn | ssd | remote | all
 #
 # Engines run as users run them: torch.compile and CUDA graphs (vLLM's default,
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
@@ -16,9 +16,9 @@
 # tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
 # limit (LIMIT_S, default 900 s) still prints and writes what it measured, marked partial.
 # ttft also runs the decode workload on the same engines (decode throughput with no reuse:
-# 32 x 512 tokens and 2 x 12,000 tokens, 256 out). burst sends 96 requests over 12 shared
-# 4k-token prefixes at once, three rounds, with 6 GiB of CPU tier for every connector
-# (MiniFlex CPU+SSD too) and vLLM's KV below four prefixes.
+# 32 x 512 tokens and 2 x 12,000 tokens, 256 out); decode runs it alone, 5 rounds. burst
+# sends 96 requests over 12 shared 4k-token prefixes at once, three rounds, with 6 GiB of
+# CPU tier for every connector (MiniFlex CPU+SSD too) and vLLM's KV below four prefixes.
 # multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
 # MiniFlex's CPU tier with load_mode sync, layerwise and async). overhead runs OH_CONFIGS
 # (default APC alone, MiniFlex's CPU tier and the native connector). ssd serves 8k and 30k prompts
@@ -41,9 +41,9 @@
 # importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
 # after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|burst|overflow|mixed|overhead|multiturn|ssd|remote|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|remote|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|burst|overflow|mixed|overhead|multiturn|ssd|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -93,6 +93,9 @@ case "$PART" in
     # so do the decode batches (24.6k and 24.5k tokens with their outputs)
     run_part ttft ttft,decode --gpu-blocks 2100 --ttft-prompts 1024,8192,30000 --repeat 3 \
       --max-num-seqs 32 --decode-cases 32x512x256,2x12000x256 --decode-rounds 3 ;;
+  decode)  # the ttft part's decode workload alone, 5 rounds: throughput with no reuse
+    run_part decode decode --gpu-blocks 2100 --max-num-seqs 32 \
+      --decode-cases 32x512x256,2x12000x256 --decode-rounds 5 ;;
   burst)  # 900 blocks = 14,400 tokens: under four 4k prefixes; 6 GiB of CPU tier holds
     # about 10.7 of the 12 (144 KiB a token), the same bytes for every connector
     run_part burst burst --gpu-blocks 900 --max-num-seqs 64 --cpu-bytes 6GiB \

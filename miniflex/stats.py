@@ -116,7 +116,9 @@ class TransferStats:
 
     def is_empty(self) -> bool:
         """Nothing happened but time passing: the clocks ride along with the next report."""
-        return self == TransferStats(**{c: getattr(self, c) for c in CLOCKS})
+        if self.hit_tokens or self.ssd_jobs or self.load_timing:
+            return False
+        return not any(getattr(self, name) for name in _COUNTED)
 
     def as_counters(self) -> dict[str, int | float]:
         """Flat summable counters (the ``KVConnectorStats.data`` payload)."""
@@ -126,3 +128,7 @@ class TransferStats:
         for name in self._SUMMED:
             out[name] = getattr(self, name)
         return out
+
+
+_COUNTED = tuple(n for n in TransferStats._SUMMED if n not in CLOCKS)
+"""The summed counters that are events, not time (read after every engine step)."""

@@ -286,14 +286,11 @@ def request_block_ids(blocks: Any) -> list[BlockId]:
 
 
 def scheduled_requests(so: Any) -> list[ScheduledReq]:
+    """This step's requests (run every engine step, for every running request: kept lean;
+    the block id lists are vLLM's own, read and never changed)."""
+    counts = so.num_scheduled_tokens
     out = [
-        ScheduledReq(
-            ReqId(r.req_id),
-            r.num_computed_tokens,
-            so.num_scheduled_tokens[r.req_id],
-            tuple(BlockId(b) for b in r.block_ids[0]),
-            True,
-        )
+        ScheduledReq(r.req_id, r.num_computed_tokens, counts[r.req_id], r.block_ids[0], True)
         for r in so.scheduled_new_reqs
     ]
     cached = so.scheduled_cached_reqs
@@ -301,17 +298,11 @@ def scheduled_requests(so: Any) -> list[ScheduledReq]:
     flags = getattr(cached, "resumed_from_preemption", None)  # older spelling
     if flags is not None:
         resumed |= {r for r, f in zip(cached.req_ids, flags, strict=True) if f}
-    for i, req_id in enumerate(cached.req_ids):
-        new = cached.new_block_ids[i]
-        out.append(
-            ScheduledReq(
-                ReqId(req_id),
-                cached.num_computed_tokens[i],
-                so.num_scheduled_tokens[req_id],
-                tuple(BlockId(b) for b in (new[0] if new is not None else ())),
-                req_id in resumed,
-            )
-        )
+    for req_id, computed, new in zip(
+        cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, strict=True
+    ):
+        blocks = new[0] if new is not None else ()
+        out.append(ScheduledReq(req_id, computed, counts[req_id], blocks, req_id in resumed))
     return out
 
 

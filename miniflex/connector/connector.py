@@ -16,6 +16,7 @@ worker to :class:`MiniFlexHandler`. The two exchange only
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -271,15 +272,16 @@ class MiniFlexConnector(KVConnectorBase_V1):
     @timed_hook
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         scheduled = compat.scheduled_requests(scheduler_output)
-        hashes = {
-            s.req_id: compat.block_hashes(self._requests[s.req_id])
-            for s in scheduled
-            if s.req_id in self._requests
-        }
-        plan = self.manager.build_plan(scheduled, compat.preempted_ids(scheduler_output), hashes)
+        plan = self.manager.build_plan(
+            scheduled, compat.preempted_ids(scheduler_output), self._block_hashes
+        )
         self.backfill.end_step()
         self._report_scheduler_hooks()
         return MiniFlexMetadata(plan)
+
+    def _block_hashes(self, req_id: ReqId) -> Sequence[bytes] | None:
+        request = self._requests.get(req_id)
+        return compat.block_hashes(request) if request is not None else None
 
     @timed_hook
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

@@ -23,7 +23,7 @@ and never touches KV bytes. Per engine step:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from miniflex.config import MiniFlexConfig
@@ -179,9 +179,14 @@ class MiniFlexManager:
 
     # ---- 3. plans ----
     def build_plan(
-        self, scheduled: Iterable[ScheduledReq], preempted: Iterable[ReqId], block_hashes: dict
+        self,
+        scheduled: Iterable[ScheduledReq],
+        preempted: Iterable[ReqId],
+        block_hashes: Callable[[ReqId], Sequence[bytes] | None],
     ) -> TransferPlan:
-        """Everything the workers must do this step. ``block_hashes``: req_id -> hashes."""
+        """Everything the workers must do this step. ``block_hashes``: a request's block
+        hashes (None: not known to the connector), asked only of requests that complete
+        a chunk in this step."""
         # Preemptions first: vLLM may preempt and resume a request in one step
         # (reset_prefix_cache(reset_running_requests=True)); the block table it
         # got on resumption (on_alloc earlier in this step, or the scheduled
@@ -221,24 +226,33 @@ class MiniFlexManager:
                 st.store_jobs.clear()
 
     def _schedule(
-        self, scheduled: Iterable[ScheduledReq], block_hashes: dict
+        self,
+        scheduled: Iterable[ScheduledReq],
+        block_hashes: Callable[[ReqId], Sequence[bytes] | None],
     ) -> tuple[list[TransferJob], list[int]]:
         """The store jobs of this step's scheduled requests, and the tokens each computes
         (may the step replay a full graph?)."""
         jobs: list[TransferJob] = []
         tokens: list[int] = []
+        ct, store = self.ns.chunk_tokens, self.config.store
         for s in scheduled:
             tokens.append(s.num_scheduled_tokens)
             st = self.state_for(s.req_id)
             self.advisor.note_scheduled(
                 self._step, st, s.num_scheduled_tokens, s.num_computed_tokens
             )
-            st.block_ids = (
-                list(s.block_ids) if s.replace_blocks else st.block_ids + list(s.block_ids)
-            )
-            hashes = block_hashes.get(s.req_id)
-            if hashes is not None and self.config.store:
-                job = self._store_job(st, hashes, s.num_computed_tokens + s.num_scheduled_tokens)
+            if s.replace_blocks:
+                st.block_ids = list(s.block_ids)
+            elif s.block_ids:
+                st.block_ids.extend(s.block_ids)
+            done = s.num_computed_tokens + s.num_scheduled_tokens
+            # Most steps of a decoding request complete no chunk: nothing to store, and
+            # nothing else to look at (every engine step pays for this loop).
+            if not store or done // ct <= st.stored_chunks:
+                continue
+            hashes = block_hashes(s.req_id)
+            if hashes is not None:
+                job = self._store_job(st, hashes, done)
                 if job is not None:
                     jobs.append(job)
         return jobs, tokens

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,14 +17,14 @@ from miniflex.types import BlockId, ChunkKey, ReqId
 __all__ = ["PendingLoad", "ReqState", "ScheduledReq"]
 
 
-@dataclass(frozen=True)
-class ScheduledReq:
-    """A request scheduled this step, as vLLM's SchedulerOutput describes it."""
+class ScheduledReq(NamedTuple):
+    """A request scheduled this step, as vLLM's SchedulerOutput describes it (a tuple:
+    one is built per running request per engine step)."""
 
     req_id: ReqId
     num_computed_tokens: int  # before this step
     num_scheduled_tokens: int
-    block_ids: tuple[BlockId, ...]
+    block_ids: Sequence[BlockId]  # vLLM's list: read, never changed
     replace_blocks: bool  # True: block_ids is the whole table, else new blocks to append
 
 

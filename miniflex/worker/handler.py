@@ -36,9 +36,9 @@ store. Four threads, each running its jobs in plan order:
   ``start_load_kv``, before the forward that reads them, and finished once that
   forward is issued (``step_loads.py``); they read only CPU slots whose chunk
   was committed, i.e. whose store every worker had finished;
-* stores are queued at ``wait_for_save`` (after the forward that computed
-  their blocks), and a finished request keeps its blocks until its stores are
-  done (the scheduler lists it in ``TransferPlan.release``);
+* stores are queued at ``wait_for_save``, after the forward that computed their
+  blocks, a plan's as one copy (``store_batch.py``); a finished request keeps
+  its blocks until its stores are done (``TransferPlan.release``);
 * a preempted request's stores are waited for before the next forward, which
   may reuse its blocks.
 
@@ -64,7 +64,7 @@ from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
-from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
+from miniflex.plan import JobKind, JobResult, LoadProbe, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
@@ -77,6 +77,7 @@ from miniflex.worker.promotions import Promoter
 from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
 from miniflex.worker.step_timer import StepTimer
+from miniflex.worker.store_batch import StoreBatch, execute_stores
 
 __all__ = ["MiniFlexHandler"]
 
@@ -101,7 +102,7 @@ class MiniFlexHandler:
         self._mover: KVMover | None = None  # loads (the load thread and in-step loads)
         self._store_mover: KVMover | None = None  # stores (the store thread)
         self._queue: queue.Queue[QueuedJob | None] = queue.Queue()  # GPU copies into vLLM's cache
-        self._store_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # GPU copies out of it
+        self._store_queue: queue.Queue[tuple[QueuedJob, ...] | None] = queue.Queue()  # batches
         self._ssd_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD writes
         self._read_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD reads (promotions)
         self._threads: list[threading.Thread] = []
@@ -216,8 +217,10 @@ class MiniFlexHandler:
             )
             if plan.full_graph and before_forward:
                 self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
-        fence = self._mover.fence() if jobs else None
         self._guard.prune()
+        if not jobs:
+            return
+        fence, stores = self._mover.fence(), StoreBatch(self._store_queue.put)  # one copy
         for job in jobs:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
@@ -231,12 +234,12 @@ class MiniFlexHandler:
                 reads = {c.cpu for c in job.reads}
                 self._guard.after(reads, lambda i=item: self._read_queue.put(i))
             elif job.kind is JobKind.STORE:
-                slots = {c.slot for c in job.chunks}
-                self._guard.after(slots, lambda i=item: self._store_queue.put(i))
+                self._guard.after({c.slot for c in job.chunks}, lambda i=item: stores.add(i))
                 if item.copied is not None:  # after: the store must not wait for its own copies
                     self._guard.hold((c.cpu for c in job.remote), item.copied)
             else:
                 self._queue.put(item)
+        stores.close()
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` runs: order it after this step's loads."""
@@ -288,39 +291,39 @@ class MiniFlexHandler:
             for fut in list(self._pending.get(r, ())):
                 fut.result()
 
-    def _run(self, jobs: queue.Queue[QueuedJob | None]) -> None:
+    def _run(self, jobs: queue.Queue[QueuedJob | tuple[QueuedJob, ...] | None]) -> None:
         while (item := jobs.get()) is not None:
-            job, fence, fut, promoted = item.job, item.fence, item.done, item.promoted
             cpu = time.thread_time()
-            if job.reads and promoted is None:
+            if isinstance(item, tuple):  # the store thread: a batch of stores, one copy
+                assert self._store_mover is not None
+                for it, res in execute_stores(item, self._store_mover, self._writes):
+                    self._report(it, res)
+            elif item.job.reads and item.promoted is None:
                 self._promote(item)  # on the read thread
             else:
-                mover = self._store_mover if job.kind is JobKind.STORE else self._mover
-                assert mover is not None
+                assert self._mover is not None
                 ssd = self._ssd if self._writes else None
-                res = execute(job, fence, promoted, mover, ssd, self._writes)
-                fut.set_result(res)  # its GPU blocks are free; its slots wait for the copies
-                if item.copied is not None:
-                    self._queue_puts(job, res, item.copied)
+                job, fence, promoted = item.job, item.fence, item.promoted
+                self._report(item, execute(job, fence, promoted, self._mover, ssd, self._writes))
             self._cpu.add(time.thread_time() - cpu)
 
-    def _queue_puts(self, job: TransferJob, res: JobResult, copied: Future[JobResult]) -> None:
-        """Hand the job's remote puts to the uploader, whose copy thread copies their slots
-        (not this thread: the next store would wait for them) and then resolves ``copied``."""
+    def _report(self, item: QueuedJob, res: JobResult) -> None:
+        """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
+        one: the next store would wait) copies their slots, then resolves ``item.copied``."""
+        item.done.set_result(res)
+        if (copied := item.copied) is None:
+            return
         assert self._remote is not None
 
         def done() -> None:
             if not copied.done():
-                copied.set_result(res)  # the slots may be overwritten now
+                copied.set_result(res)
 
         try:
-            self._remote.finished(job, res, done)
+            self._remote.finished(item.job, res, done)
         except Exception as exc:  # the worker boundary: the puts are lost, nothing else
-            logger.error("MiniFlex: the puts of job %d were not queued: %s", job.job_id, exc)
+            logger.error("MiniFlex: the puts of job %d were not queued: %s", item.job.job_id, exc)
             done()
-
-    def _io_name(self, job: TransferJob) -> str:
-        return self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
 
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
@@ -334,7 +337,8 @@ class MiniFlexHandler:
         try:
             promoted = self._promoter.promote(job.job_id, job.promotions, job.remote)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
-            fut.set_result(failed_result(job, exc, t0, self._io_name(job)))
+            io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
+            fut.set_result(failed_result(job, exc, t0, io))
             return
         self._queue.put(replace(item, promoted=promoted))
 
@@ -378,10 +382,8 @@ class MiniFlexHandler:
         self.finish_step_loads()
         if self._threads:
             self.drain()
-            self._queue.put(None)
-            self._store_queue.put(None)
-            self._ssd_queue.put(None)
-            self._read_queue.put(None)
+            for q in (self._queue, self._store_queue, self._ssd_queue, self._read_queue):
+                q.put(None)
             for thread in self._threads:
                 thread.join(timeout=30)
             self._threads = []

@@ -67,3 +67,22 @@ def test_clocks_alone_are_not_a_report_but_ride_along_with_one() -> None:
     assert not busy.is_empty()
     counters = busy.as_counters()
     assert counters["scheduler_hook_seconds"] == 0.5 and counters["thread_cpu_seconds"] == 0.25
+
+
+def test_stats_are_empty_until_a_counter_moves_and_clocks_never_count() -> None:
+    from dataclasses import fields
+
+    from miniflex.stats import CLOCKS, TransferStats
+
+    assert TransferStats().is_empty()
+    assert TransferStats(**{c: 1.5 for c in CLOCKS}).is_empty()
+    for f in fields(TransferStats):
+        if f.name in CLOCKS:
+            continue
+        st = TransferStats()
+        value = getattr(st, f.name)
+        if isinstance(value, dict):
+            value["x"] = 1
+        else:
+            setattr(st, f.name, 1)
+        assert not st.is_empty(), f.name
