@@ -171,6 +171,9 @@ class TransferPlan:
     """The step may replay a full CUDA graph, which skips ``wait_for_layer_load``: a worker
     orders the forward after the step's in-step loads before it starts
     (:mod:`miniflex.scheduler.cuda_graphs`)."""
+    timed: bool = True
+    """The workers time this step's forward for the cost model (most decode steps are not
+    timed: :data:`miniflex.scheduler.advisor.DECODE_TIMED_EVERY`)."""
 
 
 @dataclass(frozen=True)

@@ -288,10 +288,13 @@ class MiniFlexConnector(KVConnectorBase_V1):
         if connector_output.finished_sending:  # vLLM frees the blocks it held for stores
             self.backfill.room(len(connector_output.finished_sending))
         meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, MiniFlexWorkerMeta):
-            self.manager.on_probes(meta.probes)
-            self.manager.on_results(meta.results)
-            self.manager.on_step_times(meta.step_seconds)
+        if isinstance(meta, MiniFlexWorkerMeta):  # each part is often empty: every step
+            if meta.probes:
+                self.manager.on_probes(meta.probes)
+            if meta.results:
+                self.manager.on_results(meta.results)
+            if meta.step_seconds:
+                self.manager.on_step_times(meta.step_seconds)
             self.manager.on_clocks(
                 worker_hooks=meta.hook_seconds, thread_cpu=meta.thread_cpu_seconds
             )

@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 KEEP_STEPS = 256
 """Steps whose forward time is still awaited; older ones are forgotten (never reported)."""
 
+DECODE_TIMED_EVERY = 16
+"""Of the steps in which every request computes one token (decode), the workers time one
+in this many: those say little more than the fixed cost of a step, and timing a forward
+costs CUDA events on vLLM's thread every step (bench/run_h200.sh decode)."""
+
 
 class HitAdvisor:
     """Decides loads with the cost model and keeps it calibrated; scheduler side, one thread."""
@@ -148,14 +153,19 @@ class HitAdvisor:
             self._ttft_pending.setdefault(step, []).append(st.req_id)
             _trim(self._ttft_pending)
 
-    def end_step(self, step: int, timed: bool) -> None:
+    def end_step(self, step: int, timed: bool) -> bool:
         """The plan of ``step`` is complete; ``timed`` False: its forward time says little
-        about prefill (it waited for a load inside the step)."""
-        if self._tokens and timed:
+        about prefill (it waited for a load inside the step). Returns whether the workers
+        time its forward: every step that computes more than one token for a request or ends
+        a prefill, and one decode step in :data:`DECODE_TIMED_EVERY`."""
+        decode = self._tokens == len(self._planning) and step not in self._ttft_pending
+        wanted = bool(self._tokens) and (not decode or step % DECODE_TIMED_EVERY == 0)
+        if wanted and timed:
             self._step_work[step] = (self._tokens, self._pairs)
             _trim(self._step_work)
         self._tokens, self._pairs = 0, 0.0
         self._last_step, self._planning = self._planning, []
+        return wanted
 
     # ---- measurements ----
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:

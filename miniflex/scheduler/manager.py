@@ -206,13 +206,14 @@ class MiniFlexManager:
             jobs.insert(0, self.jobs.add(ClearRecord.plan(self.jobs.next_id(), self.num_workers)))
         release, self._release = tuple(self._release), []
         in_step = any(j.synchronous for j in loads)
-        self.advisor.end_step(self._step, timed=not in_step)
+        timed = self.advisor.end_step(self._step, timed=not in_step)
         return TransferPlan(
             jobs=tuple(jobs),
             release=release,
             preempted=preempted,
             step=self._step,
             full_graph=in_step and self.graphs.may_replay_full(tokens),
+            timed=timed,
         )
 
     def _detach_preempted(self, preempted: tuple[ReqId, ...]) -> None:

@@ -259,7 +259,7 @@ class MiniFlexHandler:
 
     def forward_started(self, plan: TransferPlan) -> None:
         """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
-        if self._timer is not None:
+        if self._timer is not None and plan.timed:
             self._timer.start(plan.step)
 
     def forward_issued(self, plan: TransferPlan) -> None:

@@ -30,7 +30,7 @@ def test_the_stores_of_one_step_are_one_copy_and_each_request_gets_its_chunks(
     h.run()
     assert all(h.params[r]["miniflex"]["stored_tokens"] == 3 * CHUNK for r in prompts)
     assert h.sched.reset_prefix_cache()
-    for i, (rid, p) in enumerate(prompts.items()):  # each comes back from its own slots
+    for i, p in enumerate(prompts.values()):  # each comes back from its own slots
         assert h.serve(f"again{i}", p) == 3 * CHUNK
 
 
@@ -58,3 +58,22 @@ def test_decode_steps_store_a_chunk_only_when_one_fills(h: Harness) -> None:
     # the prompt's chunk at once, then one chunk of output per CHUNK decode steps
     assert planned[0] == 1
     assert sum(planned) == 3 and sum(1 for n in planned if n) == 3
+
+
+def test_prefill_steps_are_timed_and_one_decode_step_in_sixteen(h: Harness) -> None:
+    from miniflex.scheduler.advisor import DECODE_TIMED_EVERY
+
+    h.add("p", tokens(40, 3 * CHUNK + 5), max_tokens=3 * DECODE_TIMED_EVERY)
+    plans = []
+    while h.sched.requests:
+        so = h.step()
+        plans.append((so.kv_connector_metadata.plan, sum(so.num_scheduled_tokens.values())))
+    prefill = [p for p, n in plans if n > 1]
+    decode = [p for p, n in plans if n == 1]
+    assert prefill and all(p.timed for p in prefill)
+    timed = [p.step for p in decode if p.timed]
+    assert len(decode) >= 2 * DECODE_TIMED_EVERY
+    assert timed and all(step % DECODE_TIMED_EVERY == 0 for step in timed)
+    assert len(timed) <= len(decode) // DECODE_TIMED_EVERY + 1
+    # the cost model still sees prefill steps' forward times
+    assert h.manager_side.manager.cost.observed_steps >= len(prefill)
