@@ -25,6 +25,7 @@ from tests.e2e.engine import (
     omp_binding,
     prompt,
     run,
+    same_output,
 )
 
 PROMPT_TOKENS = 1000
@@ -83,5 +84,5 @@ def test_tp2_hits_from_cpu_and_after_a_restart_from_each_ranks_ssd_match_recompu
     assert warm.num_cached_tokens == hit
     assert again.miniflex_hit_tokens == hit and again.hit_by_tier == {"ssd": hit}
     assert warm.tokens == cold.tokens == again.tokens
-    assert warm.logprobs == cold.logprobs == again.logprobs
+    assert same_output(warm, cold) and same_output(again, cold)
     assert sorted(p.name for p in ssd_dir.iterdir()) == ["rank0", "rank1"]
