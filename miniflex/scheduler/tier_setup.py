@@ -64,6 +64,12 @@ class EngineCosts:
         return self._cost.chunk_recompute_seconds()
 
     def costliest_recompute_seconds(self) -> float | None:
+        """None until the prefill model is fitted: before that its rough figure prices
+        recompute high (a step's fixed cost counted as its tokens'), which makes any disk
+        look fast. On the H200 burst it put a chunk's read at 0.42 of its recompute, and
+        admission wrote chunks for 5 s before the fitted 0.81 turned it off."""
+        if not self._cost.calibrated:
+            return None
         return self._cost.chunk_recompute_seconds(self._max_model_len)
 
     def ssd_chunk_seconds(self) -> float | None:

@@ -24,8 +24,9 @@ fewer tokens served from cache than with no SSD tier at all).
 The disk's speed is the cost model's SSD read bandwidth once it is measured:
 by the workers' start-up read probe (:mod:`miniflex.ssd.read_probe`), given as
 ``ssd_read_gbps``, or seen in real reads. Its default guess is never used here,
-and before a measurement, or before the cost model has seen a prefill step,
-everything is admitted. While admission is off, one chunk is still written
+and before a measurement, or before the prefill model is fitted (the engine's
+costs say None until then), everything is admitted; the first decision is made
+on fitted figures. While admission is off, one chunk is still written
 every ``PROBE_EVERY_S``. Each switch is logged with the ratio.
 
 Example::

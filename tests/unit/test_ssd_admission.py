@@ -141,3 +141,25 @@ def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     store(stack, [k(4)])  # evicts k(0) and writes ahead until 2 slots are free or written
     assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1)]
     assert stack.max_load_chunks == 2
+
+
+def test_the_engine_prices_the_costliest_recompute_only_once_the_prefill_model_is_fitted() -> None:
+    """Before the fit, the rough per-token figure counts each step's fixed cost as tokens'
+    and makes a slow disk look fast: admission must not decide on it."""
+    from miniflex.config import MiniFlexConfig
+    from miniflex.cost import MIN_STEPS, make_cost_model
+    from miniflex.scheduler.advisor import HitAdvisor
+    from miniflex.scheduler.tier_setup import EngineCosts
+
+    config = MiniFlexConfig.from_dict({"cpu_bytes": "1GiB"})
+    cost = make_cost_model(config, chunk_bytes=9_437_184, chunk_tokens=64, num_layers=36)
+    costs = EngineCosts(cost, HitAdvisor(config, cost), max_model_len=32768)
+    cost.observe_step(8192, 8192 * 4096.0, 0.25)  # one prefill step: a rough figure exists
+    assert cost.chunk_recompute_seconds(32768) is not None
+    assert costs.costliest_recompute_seconds() is None
+    for i in range(MIN_STEPS + 1):
+        n = 2048 * (1 + i % 4)
+        cost.observe_step(n, n * n / 2.0, 0.005 + n * 2.5e-5 + n * n / 2.0 * 1e-10)
+    assert cost.calibrated
+    fitted = costs.costliest_recompute_seconds()
+    assert fitted is not None and fitted == cost.chunk_recompute_seconds(32768)
