@@ -4,7 +4,8 @@ Called by :class:`~miniflex.worker.handler.MiniFlexHandler`'s threads in plan
 order. Any exception is caught here and reported as a failed job (a failed
 load's blocks become load errors, so vLLM recomputes them): the worker boundary.
 A rank that does not write its cache's bytes (a replicated cache's rank > 0)
-runs stores and SSD writes as no-ops and reports them done.
+runs SSD writes as no-ops and reports them done. Stores are not run here: the
+store thread copies a plan's stores in one call (``store_batch.py``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def execute(
     ssd: SSDCopier | None,
     writes: bool = True,
 ) -> JobResult:
-    """Run a job; a load's SSD reads were done before (``promoted``)."""
+    """Run a LOAD, DEMOTE or CLEAR job; a load's SSD reads were done before (``promoted``).
+    STORE jobs go through :func:`~miniflex.worker.store_batch.execute_stores`."""
     t0 = time.perf_counter()
     io = ssd.backend if ssd is not None and job.touches_ssd else ""
     ssd_seconds = remote_seconds = 0.0
@@ -80,8 +82,6 @@ def execute(
                 chunks = tuple(c for c in chunks if c.slot not in bad)
                 failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
             moved = mover.load(chunks, after=fence)
-        elif job.kind is JobKind.STORE and writes:
-            moved = mover.store(job.chunks, after=fence)
         elif job.kind is JobKind.DEMOTE and writes and job.demotions:
             failed_keys = _copier(ssd).demote(job.demotions)
             moved = (len(job.demotions) - len(failed_keys)) * _copier(ssd).store.slot_bytes
