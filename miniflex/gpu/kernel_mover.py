@@ -135,15 +135,20 @@ class KernelMover(CudaMover):
         which has completed before the next starts.
         """
         n = len(blocks)
+        host_table, dev_table = self._table_buffers(n)
+        host = host_table.numpy()
+        host[:n, 0] = blocks
+        host[:n, 1] = rows
+        dev_table[:n].copy_(host_table[:n], non_blocking=True)
+        return dev_table
+
+    def _table_buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pinned host and device ``[cap, 2]`` int64 tables, grown to ``n`` rows at least."""
         if self._host_table.shape[0] < n:
             cap = max(n, 2 * self._host_table.shape[0], 1024)
             self._host_table = torch.empty((cap, 2), dtype=torch.int64, pin_memory=True)
             self._dev_table = torch.empty((cap, 2), dtype=torch.int64, device=self.device)
-        host = self._host_table.numpy()
-        host[:n, 0] = blocks
-        host[:n, 1] = rows
-        self._dev_table[:n].copy_(self._host_table[:n], non_blocking=True)
-        return self._dev_table
+        return self._host_table, self._dev_table
 
     def _fresh_table(self, blocks: np.ndarray, rows: np.ndarray) -> torch.Tensor:
         """A table of its own for a call that returns before its copies run.
@@ -193,9 +198,8 @@ class KernelMover(CudaMover):
             np.int64(g.page_bytes),
             np.int32(1 if to_pool else 0),
         )
-        stream = self._cupy_stream()
-        with cupy.cuda.Device(self.device_index), stream:
-            self._kernel((max(1, min(ctas, items)),), (THREADS,), args, stream=stream)
+        with cupy.cuda.Device(self.device_index):
+            self._kernel((max(1, min(ctas, items)),), (THREADS,), args, stream=self._cupy_stream())
 
     def _cupy_stream(self) -> Any:
         """CuPy's handle on the current torch stream (made once per stream)."""

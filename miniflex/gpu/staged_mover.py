@@ -18,6 +18,11 @@ Lanes are used round robin, so the copy of group ``k + 1`` runs while group
 only through per-lane events. Device-to-device page moves take microseconds,
 so the SMs are busy a small fraction of the time the kernel mover needs.
 
+A call is issued through driver calls that keep the interpreter lock
+(:mod:`~miniflex.gpu.held_driver`): this runs on a worker thread beside vLLM's,
+and a binding that releases the lock for each of a call's dozens of CUDA calls
+lets vLLM's thread in and out each time. Only the final wait releases it.
+
 A partial store (never made by the scheduler: stores move whole chunks)
 falls back to the kernel mover's direct path, as do layerwise loads, which
 copy one layer of every chunk at a time.
@@ -25,32 +30,38 @@ copy one layer of every chunk at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from miniflex.errors import TransferError
-from miniflex.gpu.kernel_mover import KernelMover
-from miniflex.gpu.pages import NO_BLOCK, merge_runs
+from miniflex.gpu import held_driver as held
+from miniflex.gpu.kernel_mover import THREADS, KernelMover
+from miniflex.gpu.pages import NO_BLOCK
 from miniflex.layout import KVLayout
+from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
 
-__all__ = ["LANE_BYTES", "LANES", "STAGED_CTAS", "StagedMover"]
+__all__ = ["LANE_BYTES", "LANES", "STAGED_CTAS", "StagedMover", "raw_events", "slot_runs"]
 
 STAGED_CTAS = 8
 """CTAs of the device-to-device gather/scatter (GPU memory is ~0.5 us away, not ~1.5)."""
 
 LANE_BYTES = 32 << 20
 """Slots per lane: as many whole slots as fit in this (at least one); config
-``staging_lane_bytes``. Every lane costs a handful of Python calls (a launch, events, the
-copies), made on the transfer thread while vLLM's thread launches its kernels: with 8 MiB
-lanes a 64-token chunk of an 8B model (9.4 MB) took a lane of its own."""
+``staging_lane_bytes``. Every lane costs a handful of CUDA calls (a launch, events, the
+copies) on the transfer thread: with 8 MiB lanes a 64-token chunk of an 8B model (9.4 MB)
+took a lane of its own."""
 
 LANES = 4
 """Lanes of the staging buffer: copies of up to ``LANES - 1`` groups run ahead of the kernel."""
 
-_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the (unified) addresses
+_U64, _I64, _I32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+_KERNEL_ARGS = (_U64, _U64, _U64, _I64, _I32, _I32, _I32, _I64, _I64, _I32)
+"""``miniflex_copy_pages``'s parameters, in order (``copy_pages.cu``)."""
 
 
 class StagedMover(KernelMover):
@@ -82,78 +93,145 @@ class StagedMover(KernelMover):
         self._lane_ptrs = [self._staging.data_ptr() + i * lane for i in range(lanes)]
         self._host = pool.address
         self._copy_stream = torch.cuda.Stream(self.device)
-        self._filled = [torch.cuda.Event() for _ in range(lanes)]
-        self._drained = [torch.cuda.Event() for _ in range(lanes)]
+        # Raw CUDA events, kept for the process's life like the streams.
+        with torch.cuda.device(self.device_index):
+            events = raw_events(2 * lanes)
+            (self._done,) = raw_events(1, blocking=True)  # a waiting thread sleeps
+        self._filled = events[:lanes]  # the lane holds its group's pages
+        self._drained = events[lanes:]  # the lane is free again
+        self._lane_kernel = held.HeldLaunch(self._kernel.ptr, _KERNEL_ARGS)
 
-    def _copy(self, blocks: np.ndarray, rows: np.ndarray, to_pool: bool, layers: range) -> None:
-        g = self.layout.geometry
-        bpc = g.blocks_per_chunk
-        full = bool(np.all(blocks != NO_BLOCK))
-        if len(layers) != g.num_layers or (to_pool and not full):
-            super()._copy(blocks, rows, to_pool, layers)  # direct, page by page
-            return
-        slots = rows[::bpc] // self.rows_per_slot
+    def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
+        blocks, rows = self._pages(chunks, after)
+        if to_pool and not bool(np.all(blocks != NO_BLOCK)):
+            return super()._move(chunks, after, to_pool)  # direct, page by page
+        nbytes = self._moved_bytes(blocks)
+        if nbytes == 0:
+            return 0
+        try:
+            with torch.cuda.device(self.device_index):
+                held.bind(self.device_index)
+                self._issue(blocks, rows, after, to_pool)
+                _runtime().eventSynchronize(self._done)  # the one call that lets go of the GIL
+        except (RuntimeError, TransferError) as exc:  # CUDA errors from CuPy or the driver
+            raise TransferError(f"{type(self).__name__} copy failed: {exc}") from exc
+        return nbytes
+
+    def _issue(self, blocks: np.ndarray, rows: np.ndarray, after: object, to_pool: bool) -> None:
+        """Queue a call's copies, group by group, and record ``_done`` after the last."""
+        bpc = self.layout.geometry.blocks_per_chunk
+        slots = (rows[::bpc] // self.rows_per_slot).tolist()
         # Lane rows: chunk i of a group sits at slot position i of its lane.
         per = self.slots_per_lane
         in_lane = (np.arange(len(slots)) % per)[:, None] * self.rows_per_slot + np.arange(bpc)
-        table = self._table(blocks, in_lane.reshape(-1))
-        main = torch.cuda.current_stream(self.device)
+        main, copy = self.stream.cuda_stream, self._copy_stream.cuda_stream
+        if after is not None:  # a torch event recorded by fence()
+            held.wait_event(main, after.cuda_event)  # type: ignore[attr-defined]
+        table = self._upload_table(blocks, in_lane.reshape(-1), main)
         for k, start in enumerate(range(0, len(slots), per)):
             lane = k % self.lanes
             group = slots[start : start + per]
-            entries = table[start * bpc : (start + len(group)) * bpc]
+            entries = (table + start * bpc * 16, len(group) * bpc)  # 16: one (block, row) pair
             if to_pool:
-                self._gather_then_write(main, lane, group, entries, k)
+                self._gather_then_write(main, copy, lane, group, entries, k)
             else:
-                self._read_then_scatter(main, lane, group, entries, k)
-        if to_pool:
-            main.wait_stream(self._copy_stream)  # the caller's done event covers the writes
+                self._read_then_scatter(main, copy, lane, group, entries, k)
+        # A store's last copy follows every gather; a load's last scatter every copy.
+        held.record(self._done, copy if to_pool else main)
+
+    def _upload_table(self, blocks: np.ndarray, rows: np.ndarray, stream: int) -> int:
+        """Queue the upload of the ``(block, row)`` pairs on ``stream``; their device address.
+        The buffers are reused: each call has completed before the next starts."""
+        host, dev = self._table_buffers(len(blocks))
+        view = host.numpy()
+        view[: len(blocks), 0] = blocks
+        view[: len(blocks), 1] = rows
+        held.copy_async(dev.data_ptr(), host.data_ptr(), len(blocks) * 16, stream)
+        return int(dev.data_ptr())
 
     def _read_then_scatter(
-        self, main: torch.cuda.Stream, lane: int, group: np.ndarray, entries: torch.Tensor, k: int
+        self, main: int, copy: int, lane: int, group: list[int], entries: tuple[int, int], k: int
     ) -> None:
-        with torch.cuda.stream(self._copy_stream):
-            if k >= self.lanes:  # the lane's previous group has been scattered
-                self._copy_stream.wait_event(self._drained[lane])
-            self._slots_dma(lane, group, to_pool=False)
-            self._filled[lane].record(self._copy_stream)
-        main.wait_event(self._filled[lane])
-        self._lane_kernel(entries, lane, to_pool=False)
-        self._drained[lane].record(main)
+        if k >= self.lanes:  # the lane's previous group has been scattered
+            held.wait_event(copy, self._drained[lane])
+        self._slots_dma(copy, lane, group, to_pool=False)
+        held.record(self._filled[lane], copy)
+        held.wait_event(main, self._filled[lane])
+        self._launch_lane(main, entries, lane, to_pool=False)
+        held.record(self._drained[lane], main)
 
     def _gather_then_write(
-        self, main: torch.cuda.Stream, lane: int, group: np.ndarray, entries: torch.Tensor, k: int
+        self, main: int, copy: int, lane: int, group: list[int], entries: tuple[int, int], k: int
     ) -> None:
         if k >= self.lanes:  # the lane's previous group has reached the pool
-            main.wait_event(self._drained[lane])
-        self._lane_kernel(entries, lane, to_pool=True)
-        self._filled[lane].record(main)
-        with torch.cuda.stream(self._copy_stream):
-            self._copy_stream.wait_event(self._filled[lane])
-            self._slots_dma(lane, group, to_pool=True)
-            self._drained[lane].record(self._copy_stream)
+            held.wait_event(main, self._drained[lane])
+        self._launch_lane(main, entries, lane, to_pool=True)
+        held.record(self._filled[lane], main)
+        held.wait_event(copy, self._filled[lane])
+        self._slots_dma(copy, lane, group, to_pool=True)
+        held.record(self._drained[lane], copy)
 
-    def _lane_kernel(self, entries: torch.Tensor, lane: int, to_pool: bool) -> None:
-        """Gather (``to_pool``) or scatter every layer of ``entries``' pages to or from ``lane``."""
-        layers = range(self.layout.geometry.num_layers)
-        ptr = self._lane_ptrs[lane]
-        self._launch(entries.data_ptr(), len(entries), to_pool, layers, ptr, self.staged_ctas)
+    def _launch_lane(self, stream: int, entries: tuple[int, int], lane: int, to_pool: bool) -> None:
+        """Gather (``to_pool``) or scatter every layer of ``entries = (table address, rows)``
+        to or from ``lane``, on ``stream``."""
+        g, layout = self.layout.geometry, self.layout
+        table, n = entries
+        items = n * g.num_layers
+        self._lane_kernel(
+            max(1, min(self.staged_ctas, items)),
+            THREADS,
+            stream,
+            self._layers.data_ptr(),
+            table,
+            self._lane_ptrs[lane],
+            n // g.blocks_per_chunk,
+            g.blocks_per_chunk,
+            0,
+            g.num_layers,
+            layout.block_stride,
+            g.page_bytes,
+            1 if to_pool else 0,
+        )
 
-    def _slots_dma(self, lane: int, slots: np.ndarray, to_pool: bool) -> None:
+    def _slots_dma(self, stream: int, lane: int, slots: list[int], to_pool: bool) -> None:
         """Copy ``slots`` (in lane order) between the pool and ``lane``, one copy per run.
 
         Slots that follow each other in the pool (``s, s+1``) are one run. The
         last slot of a run moves only ``chunk_bytes``; a run's inner slots move
         whole, padding included (never read as KV).
         """
-        import cupy
-
-        chunk = self.layout.geometry.chunk_bytes
-        stream = self._copy_stream.cuda_stream
+        chunk, size = self.layout.geometry.chunk_bytes, self.slot_bytes
+        lane_ptr = self._lane_ptrs[lane]
         # Lane positions always follow on: runs are where the pool's slots do too.
-        for slot, first, n in zip(*merge_runs(slots, np.arange(len(slots)), True), strict=True):
-            host = self._host + int(slot) * self.slot_bytes
-            dev = self._lane_ptrs[lane] + int(first) * self.slot_bytes
-            size = (int(n) - 1) * self.slot_bytes + chunk
+        for first, n in slot_runs(slots):
+            host = self._host + slots[first] * size
+            dev = lane_ptr + first * size
             src, dst = (dev, host) if to_pool else (host, dev)
-            cupy.cuda.runtime.memcpyAsync(dst, src, size, _MEMCPY_DEFAULT, stream)
+            held.copy_async(dst, src, (n - 1) * size + chunk, stream)
+
+
+def slot_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first position, length)`` of each run of consecutive slots (``s, s+1, ...``) in
+    ``slots``, in order: ``[4, 5, 9, 2, 3]`` -> ``[(0, 2), (2, 1), (3, 2)]``."""
+    runs: list[tuple[int, int]] = []
+    first = 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+            runs.append((first, i - first))
+            first = i
+    return runs
+
+
+def _runtime() -> Any:
+    """CuPy's CUDA runtime bindings (imported when a mover runs, never at module import)."""
+    import cupy
+
+    return cupy.cuda.runtime
+
+
+def raw_events(count: int, blocking: bool = False) -> list[int]:
+    """``count`` CUDA events on the current device, timing off (they only order work);
+    ``blocking``: a thread that waits for one sleeps instead of spinning."""
+    rt = _runtime()
+    flags = rt.eventDisableTiming | (rt.eventBlockingSync if blocking else 0)
+    return [rt.eventCreateWithFlags(flags) for _ in range(count)]

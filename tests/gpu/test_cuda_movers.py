@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 import torch
@@ -125,3 +126,31 @@ def test_bad_chunks_raise_before_copying(pools, name, kw) -> None:
     with pytest.raises(TransferError, match="covers blocks"):
         mover.load([chunk(1, [1, 2], first=3)])
     assert mover.store([]) == 0
+
+
+@pytest.mark.parametrize(("name", "kw"), MOVERS)
+def test_a_fresh_thread_stores_and_loads(pools, name, kw) -> None:
+    """A worker's transfer threads make their first CUDA call through the mover (the staged
+    mover's driver calls need the thread to have a current context)."""
+    src, dst = caches(), caches()
+    layout = layout_of(src)
+    pool = pools(4, layout.geometry.slot_bytes)
+    chunks = random_chunks(4, BPC, BLOCKS, 4, random.Random(5))
+    store = make_mover(name, layout, src, pool, **kw)
+    load = make_mover(name, layout_of(dst), dst, pool, **kw)
+    fences = (store.fence(), load.fence())  # on this thread, as vLLM's thread makes them
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            store.store(chunks, after=fences[0])
+            load.load(chunks, after=fences[1])
+        except BaseException as exc:  # reported on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    for c in chunks:
+        assert_pages_equal(src, list(c.block_ids), dst, list(c.block_ids))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from miniflex.errors import TransferError
 from miniflex.gpu.pages import NO_BLOCK, merge_runs, page_table, vector_width
+from miniflex.gpu.staged_mover import slot_runs
 from miniflex.plan import ChunkMove
 from miniflex.types import BlockId, SlotId
 
@@ -82,3 +85,23 @@ def test_vector_width_explains_what_breaks_a_requested_width() -> None:
         vector_width(16, page_bytes=65536, block_stride=65544)
     with pytest.raises(TransferError, match="is not one of 16, 8, 4, 2, 1"):
         vector_width(32, page_bytes=65536)
+
+
+def test_slot_runs_group_consecutive_slots_in_order() -> None:
+    assert slot_runs([4, 5, 9, 2, 3]) == [(0, 2), (2, 1), (3, 2)]
+    assert slot_runs([7]) == [(0, 1)]
+    assert slot_runs([]) == []
+    assert slot_runs([3, 2, 1]) == [(0, 1), (1, 1), (2, 1)]  # descending slots never merge
+
+
+def test_slot_runs_are_maximal_and_cover_every_slot() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        slots = rng.permutation(30)[:12].tolist()
+        slots[3:7] = [40, 41, 42, 43]
+        runs = slot_runs(slots)
+        assert sum(n for _, n in runs) == len(slots)
+        for first, n in runs:
+            assert slots[first : first + n] == list(range(slots[first], slots[first] + n))
+        for (f1, n1), (f2, _) in itertools.pairwise(runs):
+            assert f1 + n1 == f2 and slots[f2] != slots[f2 - 1] + 1  # nothing left to merge
