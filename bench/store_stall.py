@@ -4,14 +4,15 @@
 
 A worker's store thread runs Python (page tables, launches, events, copies)
 while vLLM's thread runs its own, and only one of them holds the interpreter
-lock at a time. Here a Python thread ("vLLM's") does fixed units of pure-Python
-work, first alone, then while another thread stores chunks of a Qwen3-8B-shaped
-KV cache (36 layers, 8 KV heads of 128, bf16, block 16, LBHNC, ``--chunk-tokens``
-per chunk) into a pinned pool, one call of ``n`` chunks every ``--gap-ms`` (as
-one engine step's stores), each after a fence on the default stream. Per store
-call it reports the store thread's CPU time and wall time, and the time
-vLLM's thread lost: its elapsed time beyond its rate alone, divided by the
-calls made meanwhile. ``--switch-interval`` sets ``sys.setswitchinterval``
+lock at a time. Here a Python thread ("vLLM's") runs steps of pure-Python
+work (``--step-units``), each followed by a wait without the lock
+(``--step-wait-ms``, as while the GPU computes), alone and then while another
+thread stores chunks of a Qwen3-8B-shaped KV cache (36 layers, 8 KV heads of
+128, bf16, block 16, LBHNC, ``--chunk-tokens`` per chunk) into a pinned pool,
+one call of ``n`` chunks every ``--gap-ms`` (one engine step's stores), each
+after a fence. Per store call it reports the store thread's CPU and wall time,
+and the time vLLM's thread lost: its steps' time beyond their mean alone,
+divided by the calls made meanwhile. ``--switch-interval`` sets ``sys.setswitchinterval``
 (CPython's default is 5 ms).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import threading
 import time
@@ -50,14 +52,13 @@ def work(units: int) -> None:
             d[i] = d.get(i, u) + 1
 
 
-def unit_seconds(repeat: int = 5) -> float:
-    """Seconds per unit of :func:`work`, alone (the best of ``repeat`` runs)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        work(2000)
-        best = min(best, (time.perf_counter() - t0) / 2000)
-    return best
+def step(units: int, wait: float) -> float:
+    """One "engine step" of vLLM's thread: ``units`` of Python work, then ``wait`` seconds
+    without the lock (as while the GPU computes); its wall seconds."""
+    t0 = time.perf_counter()
+    work(units)
+    time.sleep(wait)
+    return time.perf_counter() - t0
 
 
 class Stores(threading.Thread):
@@ -86,19 +87,17 @@ class Stores(threading.Thread):
             time.sleep(self.gap)
 
 
-def measure(mover: KVMover | None, chunks: list[ChunkMove], args, per_unit: float) -> dict:
-    """One row: the store thread's cost and vLLM's thread's loss per call of ``chunks``."""
+def measure(mover: KVMover | None, chunks: list[ChunkMove], args, alone: float) -> dict:
+    """One row: the store thread's cost per call of ``chunks`` and the time vLLM's thread's
+    steps took beyond ``alone`` (a step's mean wall time without stores), per call."""
     for _ in range(3 if mover is not None else 0):
         mover.store(chunks)  # warm-up: kernels compiled, buffers grown
     stores = Stores(mover, chunks, args.calls, args.gap_ms / 1000)
-    t0 = time.perf_counter()
     stores.start()
-    units = 0
+    steps: list[float] = []
     while stores.is_alive():
-        work(20)
-        units += 20
-    elapsed = time.perf_counter() - t0
-    lost = max(0.0, elapsed - units * per_unit)
+        steps.append(step(args.step_units, args.step_wait_ms / 1000))
+    lost = sum(steps) - len(steps) * alone
     return {
         "chunks_per_call": len(chunks) if mover is not None else 0,
         "store_cpu_ms": round(stores.cpu / args.calls * 1e3, 3),
@@ -118,6 +117,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8192, help="vLLM blocks per layer")
     ap.add_argument("--calls", type=int, default=40, help="store calls per row")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="between store calls")
+    ap.add_argument("--step-units", type=int, default=100, help="Python work per step")
+    ap.add_argument("--step-wait-ms", type=float, default=1.0, help="lock-free wait per step")
     ap.add_argument("--switch-interval", type=float, help="seconds (default: CPython's)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -131,15 +132,16 @@ def main() -> None:
     pool = HostPool(2 * most, layout.geometry.slot_bytes)
     pinning.pin(pool.address, pool.nbytes, mapped=True)
     batch = random_chunks(most, bpc, args.blocks, 2 * most, random.Random(7))
-    per_unit = unit_seconds()
-    log(f"{torch.cuda.get_device_name()}: one unit of Python work takes {per_unit * 1e6:.1f} us")
-    rows = [{"mover": "none (sleeps only)", **measure(None, batch[:1], args, per_unit)}]
+    wait = args.step_wait_ms / 1000
+    alone = statistics.fmean(step(args.step_units, wait) for _ in range(500))
+    log(f"{torch.cuda.get_device_name()}: one step of vLLM's thread takes {alone * 1e3:.3f} ms")
+    rows = [{"mover": "none (sleeps only)", **measure(None, batch[:1], args, alone)}]
     for name in args.movers.split(","):
         mover = build(Candidate(name), layout, kv, pool)
         if mover is None:
             continue
         for n in args.chunks:
-            row = {"mover": name, **measure(mover, batch[:n], args, per_unit)}
+            row = {"mover": name, **measure(mover, batch[:n], args, alone)}
             log(str(row))
             rows.append(row)
     pinning.unpin(pool.address)
@@ -152,7 +154,9 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "switch_interval_s": sys.getswitchinterval(),
-            "unit_us": round(per_unit * 1e6, 2),
+            "step_ms_alone": round(alone * 1e3, 3),
+            "step_units": args.step_units,
+            "step_wait_ms": args.step_wait_ms,
             "calls": args.calls,
             "gap_ms": args.gap_ms,
             "chunk_tokens": args.chunk_tokens,

@@ -99,7 +99,8 @@ class StagedMover(KernelMover):
             (self._done,) = raw_events(1, blocking=True)  # a waiting thread sleeps
         self._filled = events[:lanes]  # the lane holds its group's pages
         self._drained = events[lanes:]  # the lane is free again
-        self._lane_kernel = held.HeldLaunch(self._kernel.ptr, _KERNEL_ARGS)
+        with cupy_device(self.device_index):  # the CUfunction of this device's module
+            self._lane_kernel = held.HeldLaunch(self._kernel.kernel.ptr, _KERNEL_ARGS)
 
     def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
         blocks, rows = self._pages(chunks, after)
@@ -220,6 +221,13 @@ def slot_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
             runs.append((first, i - first))
             first = i
     return runs
+
+
+def cupy_device(index: int) -> Any:
+    """CuPy's context manager for device ``index``."""
+    import cupy
+
+    return cupy.cuda.Device(index)
 
 
 def _runtime() -> Any:
