@@ -11,9 +11,9 @@ thread stores chunks of a Qwen3-8B-shaped KV cache (36 layers, 8 KV heads of
 128, bf16, block 16, LBHNC, ``--chunk-tokens`` per chunk) into a pinned pool,
 one call of ``n`` chunks every ``--gap-ms`` (one engine step's stores), each
 after a fence. Per store call it reports the store thread's CPU and wall time,
-and the time vLLM's thread lost: its steps' time beyond their mean alone,
-divided by the calls made meanwhile. ``--switch-interval`` sets ``sys.setswitchinterval``
-(CPython's default is 5 ms).
+and the time vLLM's thread lost: its steps' time beyond their mean alone (timed
+just before each row), divided by the calls made meanwhile.
+``--switch-interval`` sets ``sys.setswitchinterval`` (CPython's default is 5 ms).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 import torch
 
 from bench.gpu_copy_bench import BLOCK, QWEN3_8B, build
+from miniflex.bench.provenance import provenance
 from miniflex.bench.report import emit
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
@@ -87,21 +88,25 @@ class Stores(threading.Thread):
             time.sleep(self.gap)
 
 
-def measure(mover: KVMover | None, chunks: list[ChunkMove], args, alone: float) -> dict:
+def measure(mover: KVMover | None, chunks: list[ChunkMove], args) -> dict:
     """One row: the store thread's cost per call of ``chunks`` and the time vLLM's thread's
-    steps took beyond ``alone`` (a step's mean wall time without stores), per call."""
+    steps took beyond their mean alone, measured just before (drift between rows is larger
+    than the effect), per call."""
     for _ in range(3 if mover is not None else 0):
         mover.store(chunks)  # warm-up: kernels compiled, buffers grown
+    wait = args.step_wait_ms / 1000
+    alone = statistics.fmean(step(args.step_units, wait) for _ in range(args.alone_steps))
     stores = Stores(mover, chunks, args.calls, args.gap_ms / 1000)
     stores.start()
     steps: list[float] = []
     while stores.is_alive():
-        steps.append(step(args.step_units, args.step_wait_ms / 1000))
+        steps.append(step(args.step_units, wait))
     lost = sum(steps) - len(steps) * alone
     return {
         "chunks_per_call": len(chunks) if mover is not None else 0,
         "store_cpu_ms": round(stores.cpu / args.calls * 1e3, 3),
         "store_wall_ms": round(stores.wall / args.calls * 1e3, 3),
+        "step_ms_alone": round(alone * 1e3, 3),
         "vllm_thread_lost_ms": round(lost / args.calls * 1e3, 3),
         "store_GBps": round(stores.moved / stores.wall / 1e9, 2) if stores.wall else 0.0,
     }
@@ -119,6 +124,8 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=5.0, help="between store calls")
     ap.add_argument("--step-units", type=int, default=100, help="Python work per step")
     ap.add_argument("--step-wait-ms", type=float, default=1.0, help="lock-free wait per step")
+    ap.add_argument("--alone-steps", type=int, default=300, help="steps timed alone per row")
+    ap.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     ap.add_argument("--switch-interval", type=float, help="seconds (default: CPython's)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -132,16 +139,13 @@ def main() -> None:
     pool = HostPool(2 * most, layout.geometry.slot_bytes)
     pinning.pin(pool.address, pool.nbytes, mapped=True)
     batch = random_chunks(most, bpc, args.blocks, 2 * most, random.Random(7))
-    wait = args.step_wait_ms / 1000
-    alone = statistics.fmean(step(args.step_units, wait) for _ in range(500))
-    log(f"{torch.cuda.get_device_name()}: one step of vLLM's thread takes {alone * 1e3:.3f} ms")
-    rows = [{"mover": "none (sleeps only)", **measure(None, batch[:1], args, alone)}]
+    rows = [{"mover": "none (sleeps only)", **measure(None, batch[:1], args)}]
     for name in args.movers.split(","):
         mover = build(Candidate(name), layout, kv, pool)
         if mover is None:
             continue
         for n in args.chunks:
-            row = {"mover": name, **measure(mover, batch[:n], args, alone)}
+            row = {"mover": name, **measure(mover, batch[:n], args)}
             log(str(row))
             rows.append(row)
     pinning.unpin(pool.address)
@@ -154,7 +158,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "switch_interval_s": sys.getswitchinterval(),
-            "step_ms_alone": round(alone * 1e3, 3),
+            "provenance": provenance(True, args.commit),
             "step_units": args.step_units,
             "step_wait_ms": args.step_wait_ms,
             "calls": args.calls,
