@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from miniflex.errors import TransferError
 from miniflex.plan import ChunkMove
 
 __all__ = ["DoneLoad", "KVMover", "LayerwiseLoad"]
@@ -68,6 +69,17 @@ class KVMover(ABC):
         where copies are naturally ordered (host memory).
         """
         return None
+
+    def wait_for(self, marker: object) -> None:
+        """Block until the device work before ``marker`` (from :meth:`fence`) is done; the
+        calling thread sleeps, without the interpreter lock (CUDA: a blocking event). None
+        returns at once. TransferError if that work failed."""
+        if marker is None:
+            return
+        try:
+            marker.synchronize()  # type: ignore[attr-defined]
+        except RuntimeError as exc:
+            raise TransferError(f"the work before a fence failed: {exc}") from exc
 
     @abstractmethod
     def store(self, chunks: Sequence[ChunkMove], after: object = None) -> int:

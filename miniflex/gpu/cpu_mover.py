@@ -119,7 +119,7 @@ class TorchMover(KVMover):
     def fence(self) -> object:
         if self._stream is None:
             return None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # waited for by wait_for: sleep, not spin
         event.record(torch.cuda.current_stream(self._device))
         return event
 

@@ -90,7 +90,7 @@ class CudaMover(KVMover):
         self.layer_stream = torch.cuda.Stream(self.device)  # load_layerwise, vLLM's thread
 
     def fence(self) -> object:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # waited for by wait_for: sleep, not spin
         event.record(torch.cuda.current_stream(self.device))
         return event
 

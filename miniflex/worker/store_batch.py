@@ -64,6 +64,11 @@ def execute_stores(
     moved = 0
     try:
         if writes and chunks:
+            # Issue only once the forward that computed the blocks is done: the issue holds
+            # the interpreter lock, which vLLM's thread needs while it queues the step's
+            # sampling, and then waits for the GPU without it.
+            mover.wait_for(items[-1].fence)
+            t0 = time.perf_counter()  # the copy's time, not the forward's
             moved = mover.store(chunks, after=items[-1].fence)
     except Exception as exc:  # the worker boundary: report, never crash vLLM
         return [(it, failed_result(it.job, exc, t0)) for it in items]

@@ -40,7 +40,8 @@ class DeferredLoad(LayerwiseLoad):
 
 class GatedMover(KVMover):
     """Wraps the worker's two real movers (``inner`` loads, ``store_inner`` stores);
-    clearing ``gate`` makes transfers wait so tests act mid-flight, ``store_gate`` only stores.
+    clearing ``gate`` makes transfers wait so tests act mid-flight, ``store_gate`` only stores,
+    ``fence_gate`` a wait for a fence (the forward before it still running).
 
     Its ``load_layerwise`` defers each layer's bytes until the layer is waited for
     (``DeferredLoad``); ``fail_layerwise`` makes the next one raise at issue, and
@@ -56,6 +57,9 @@ class GatedMover(KVMover):
         self.store_gate = threading.Event()
         self.store_gate.set()
         self.store_entered = threading.Event()  # set when a store reaches the gates
+        self.fence_gate = threading.Event()  # cleared: the forward before a fence "runs on"
+        self.fence_gate.set()
+        self.fence_waited = threading.Event()  # set when a thread waits for a fence
         self.lock = threading.Lock()  # a torch mover's staging buffer is not shared-safe
         self.store_lock = threading.Lock()
         self.fail_layerwise = False
@@ -97,3 +101,8 @@ class GatedMover(KVMover):
 
     def fence(self) -> object:
         return self.inner.fence()
+
+    def wait_for(self, marker: object) -> None:
+        self.fence_waited.set()
+        self.fence_gate.wait()
+        self.inner.wait_for(marker)

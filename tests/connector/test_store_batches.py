@@ -1,5 +1,6 @@
-"""A plan's stores go to the store thread as one batch: one mover call, one result each;
-and a decoding request's steps that complete no chunk plan nothing."""
+"""A plan's stores go to the store thread as one batch: one mover call, one result each,
+issued once the forward before it is done; and a decoding request's steps that complete no
+chunk plan nothing."""
 
 from __future__ import annotations
 
@@ -77,3 +78,17 @@ def test_prefill_steps_are_timed_and_one_decode_step_in_sixteen(h: Harness) -> N
     assert len(timed) <= len(decode) // DECODE_TIMED_EVERY + 1
     # the cost model still sees prefill steps' forward times
     assert h.manager_side.manager.cost.observed_steps >= len(prefill)
+
+
+def test_a_batch_is_issued_only_once_the_forward_before_its_fence_is_done(h: Harness) -> None:
+    """The store thread sleeps on the step's fence before it issues the copy, which holds
+    the interpreter lock that vLLM's thread needs while it queues the step's sampling."""
+    h.mover.fence_gate.clear()  # the prefill's forward is still running
+    h.add("r", tokens(40, 2 * CHUNK), max_tokens=1)
+    h.step(wait_transfers=False)
+    assert h.mover.fence_waited.wait(10)
+    assert not h.mover.store_entered.is_set()  # nothing issued while the forward runs
+    h.mover.fence_gate.set()
+    h.run()
+    assert h.mover.calls["store"] == 1
+    assert h.params["r"]["miniflex"]["stored_tokens"] == 2 * CHUNK

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -108,3 +109,34 @@ def test_concurrent_loads_and_stores_do_not_interfere(pools) -> None:
         for s, d in zip(z.values(), y.values(), strict=True):
             for b in c.block_ids:
                 assert torch.equal(page(s, b), page(d, b))
+
+
+@pytest.mark.parametrize(("name", "kw"), MOVERS)
+def test_waiting_for_a_fence_sleeps_without_the_interpreter_lock(pools, name, kw) -> None:
+    """``wait_for`` (the store thread, before it issues a plan's stores) returns once the
+    work before the fence is done; meanwhile it neither spins a core nor holds the lock."""
+    kv = caches()
+    layout = layout_of(kv)
+    mover = make_mover(name, layout, kv, pools(1, layout.geometry.slot_bytes), **kw)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        fence = mover.fence()
+    waited: dict[str, float] = {}
+
+    def wait() -> None:
+        cpu, t0 = time.thread_time(), time.perf_counter()
+        mover.wait_for(fence)
+        waited.update(cpu=time.thread_time() - cpu, wall=time.perf_counter() - t0)
+        waited["done"] = float(fence.query())  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    ticks = 0
+    while thread.is_alive():  # this thread keeps running Python meanwhile
+        ticks += 1
+    thread.join()
+    assert waited["done"] == 1.0
+    assert waited["wall"] > 0.02, waited  # it did wait for the GPU's sleep
+    assert waited["cpu"] < 0.5 * waited["wall"], waited  # asleep, not spinning
+    assert ticks > 10_000
