@@ -93,6 +93,7 @@ class HeldLaunch:
     argument block is built once and refilled per launch (the driver copies it)."""
 
     def __init__(self, function: int, types: Sequence[type[ctypes._SimpleCData]]) -> None:
+        _driver()  # a missing driver library fails here, when the mover is built
         self.function = function
         self._args = [t() for t in types]
         self._params = (_P * len(types))(*(ctypes.addressof(a) for a in self._args))
