@@ -33,6 +33,12 @@ PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
 SPEC = TinyMLASpec()
 LATENT_BYTES_PER_TOKEN = SPEC.num_hidden_layers * SPEC.latent_size * 2  # bf16, one "head"
+COLD_TOL = 0.25
+"""How far an MLA hit's top-5 logprobs may be from the cold run's: MLA's recompute noise in
+bf16, which is larger than the tiny llama's (``LOGPROB_TOL``). On an AVX2-only host at TP=2,
+MiniFlex's hit (bit-equal to a second MiniFlex hit of the same prompt) differed from the cold
+run by up to 0.092 over four prompts, and one had a tie at its second token. The hit's bytes
+are judged by the bit-exact comparisons; this one only says the output is the model's."""
 pytestmark = pytest.mark.e2e
 
 
@@ -72,4 +78,4 @@ def test_mla_hit_gives_the_output_of_vllms_own_hit(mla_model: Path, tp: int) -> 
     else:  # vLLM turns its prefix cache off for MLA on CPUs without AMX: MiniFlex serves both
         assert second.miniflex_hit_tokens == hit
         assert same_output(second, miniflex_hit, tol=0.0)
-    assert same_output(miniflex_hit, cold)
+    assert same_output(miniflex_hit, cold, tol=COLD_TOL)
