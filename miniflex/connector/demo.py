@@ -165,7 +165,14 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
     _print_table(rows)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        from miniflex.bench.provenance import provenance  # subprocess calls: only when asked
+
+        payload = {
+            "provenance": provenance(cuda=False),
+            "prompt_tokens": prompt_tokens,
+            "rows": [asdict(r) for r in rows],
+        }
+        Path(json_path).write_text(json.dumps(payload, indent=1))
     return rows
 
 

@@ -41,7 +41,9 @@ def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
         "TTFT ms" in proc.stdout and "CPU-hit tok" in proc.stdout and "SSD-hit tok" in proc.stdout
     )
     assert "[demo" in proc.stderr  # progress lines
-    rows = {(r["scenario"], r["engine"]): r for r in json.loads(out_json.read_text())}
+    result = json.loads(out_json.read_text())
+    assert result["provenance"]["commit"] and result["prompt_tokens"] > 0
+    rows = {(r["scenario"], r["engine"]): r for r in result["rows"]}
     evicted = "same prompt, GPU copy evicted"
     over = next(s for s, _ in rows if s.endswith("2nd pass"))
     assert rows[(evicted, "APC only")]["cpu_hit_tokens"] == 0
