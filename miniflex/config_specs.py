@@ -106,8 +106,9 @@ SPECS: dict[str, Spec] = {
         "32MiB",
         "The `staged` mover's GPU staging buffer: 4 lanes of this size (each at least one chunk "
         "slot), allocated beside vLLM's KV cache. Each step of a store or load moves a lane's "
-        "worth of chunks; larger lanes mean fewer Python calls per chunk on the transfer "
-        "thread, which shares the interpreter with vLLM's.",
+        "worth of chunks; larger lanes mean fewer CUDA calls per chunk on the transfer "
+        "thread, which makes them holding the interpreter lock that it shares with vLLM's "
+        "thread.",
     ),
     "tune_cache": Spec(
         lambda k, v: parse_path(k, v),
