@@ -134,20 +134,23 @@ class KernelMover(CudaMover):
         The buffers are reused: only for calls on ``self.stream``, each of
         which has completed before the next starts.
         """
-        n = len(blocks)
-        host_table, dev_table = self._table_buffers(n)
-        host = host_table.numpy()
-        host[:n, 0] = blocks
-        host[:n, 1] = rows
-        dev_table[:n].copy_(host_table[:n], non_blocking=True)
-        return dev_table
+        host, dev = self._filled_table(blocks, rows)
+        dev[: len(blocks)].copy_(host[: len(blocks)], non_blocking=True)
+        return dev
 
-    def _table_buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pinned host and device ``[cap, 2]`` int64 tables, grown to ``n`` rows at least."""
+    def _filled_table(
+        self, blocks: np.ndarray, rows: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reused pinned host and device ``[cap, 2]`` int64 tables (grown to hold the
+        pairs), the host one holding the ``(block, row)`` pairs; the device one not yet."""
+        n = len(blocks)
         if self._host_table.shape[0] < n:
             cap = max(n, 2 * self._host_table.shape[0], 1024)
             self._host_table = torch.empty((cap, 2), dtype=torch.int64, pin_memory=True)
             self._dev_table = torch.empty((cap, 2), dtype=torch.int64, device=self.device)
+        host = self._host_table.numpy()
+        host[:n, 0] = blocks
+        host[:n, 1] = rows
         return self._host_table, self._dev_table
 
     def _fresh_table(self, blocks: np.ndarray, rows: np.ndarray) -> torch.Tensor:

@@ -28,7 +28,7 @@ import numpy as np
 from miniflex.errors import TransferError
 from miniflex.plan import ChunkMove
 
-__all__ = ["NO_BLOCK", "VECTOR_WIDTHS", "merge_runs", "page_table", "vector_width"]
+__all__ = ["NO_BLOCK", "VECTOR_WIDTHS", "merge_runs", "page_table", "slot_runs", "vector_width"]
 
 NO_BLOCK = -1
 """Table entry of a chunk position that this call does not move (GPU-side sentinel)."""
@@ -90,6 +90,22 @@ def merge_runs(
     starts = np.flatnonzero(np.concatenate(([True], ~follows)))
     lengths = np.diff(np.append(starts, n))
     return blocks[starts], rows[starts], lengths
+
+
+def slot_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first position, length)`` of each run of consecutive slots (``s, s+1, ...``) in
+    ``slots``, in order: ``[4, 5, 9, 2, 3]`` -> ``[(0, 2), (2, 1), (3, 2)]``.
+
+    :func:`merge_runs` for the few slots of one staging lane, in plain Python: the
+    staged mover calls it per lane while holding the interpreter lock, where numpy's
+    per-call cost on three elements is most of the work."""
+    runs: list[tuple[int, int]] = []
+    first = 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+            runs.append((first, i - first))
+            first = i
+    return runs
 
 
 def vector_width(requested: int | None, **byte_quantities: int) -> int:

@@ -40,12 +40,12 @@ import torch
 from miniflex.errors import TransferError
 from miniflex.gpu import held_driver as held
 from miniflex.gpu.kernel_mover import THREADS, KernelMover
-from miniflex.gpu.pages import NO_BLOCK
+from miniflex.gpu.pages import NO_BLOCK, slot_runs
 from miniflex.layout import KVLayout
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
 
-__all__ = ["LANE_BYTES", "LANES", "STAGED_CTAS", "StagedMover", "raw_events", "slot_runs"]
+__all__ = ["LANE_BYTES", "LANES", "STAGED_CTAS", "StagedMover", "raw_events"]
 
 STAGED_CTAS = 8
 """CTAs of the device-to-device gather/scatter (GPU memory is ~0.5 us away, not ~1.5)."""
@@ -143,10 +143,7 @@ class StagedMover(KernelMover):
     def _upload_table(self, blocks: np.ndarray, rows: np.ndarray, stream: int) -> int:
         """Queue the upload of the ``(block, row)`` pairs on ``stream``; their device address.
         The buffers are reused: each call has completed before the next starts."""
-        host, dev = self._table_buffers(len(blocks))
-        view = host.numpy()
-        view[: len(blocks), 0] = blocks
-        view[: len(blocks), 1] = rows
+        host, dev = self._filled_table(blocks, rows)
         held.copy_async(dev.data_ptr(), host.data_ptr(), len(blocks) * 16, stream)
         return int(dev.data_ptr())
 
@@ -209,18 +206,6 @@ class StagedMover(KernelMover):
             dev = lane_ptr + first * size
             src, dst = (dev, host) if to_pool else (host, dev)
             held.copy_async(dst, src, (n - 1) * size + chunk, stream)
-
-
-def slot_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
-    """``(first position, length)`` of each run of consecutive slots (``s, s+1, ...``) in
-    ``slots``, in order: ``[4, 5, 9, 2, 3]`` -> ``[(0, 2), (2, 1), (3, 2)]``."""
-    runs: list[tuple[int, int]] = []
-    first = 0
-    for i in range(1, len(slots) + 1):
-        if i == len(slots) or slots[i] != slots[i - 1] + 1:
-            runs.append((first, i - first))
-            first = i
-    return runs
 
 
 def cupy_device(index: int) -> Any:

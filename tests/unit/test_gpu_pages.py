@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from miniflex.errors import TransferError
-from miniflex.gpu.pages import NO_BLOCK, merge_runs, page_table, vector_width
-from miniflex.gpu.staged_mover import slot_runs
+from miniflex.gpu.pages import NO_BLOCK, merge_runs, page_table, slot_runs, vector_width
 from miniflex.plan import ChunkMove
 from miniflex.types import BlockId, SlotId
 
