@@ -13,8 +13,8 @@ and never touches KV bytes. Per engine step:
    of chunks the CPU tier evicted, and their remote puts with
    ``remote_write=back``), load jobs for step 2's requests (with the SSD->CPU
    promotions and remote fetches they need), store jobs for chunks that this
-   step completes (and their remote puts with ``remote_write=through``),
-   releases.
+   step completes (:class:`~miniflex.scheduler.store_planner.StorePlanner`; and
+   their remote puts with ``remote_write=through``), releases.
 4. ``on_results`` (from ``update_connector_output``): two-phase commits of the
    jobs the workers finished, one record type per job kind
    (:mod:`miniflex.scheduler.jobs`).
@@ -40,12 +40,12 @@ from miniflex.scheduler.jobs import (
     DemoteRecord,
     JobTable,
     LoadRecord,
-    StoreRecord,
 )
 from miniflex.scheduler.lookup import LANDING_WAIT_S, HitLookup
 from miniflex.scheduler.manager_status import manager_status
 from miniflex.scheduler.remote_puts import RemotePuts
 from miniflex.scheduler.requests import PendingLoad, ReqState, ScheduledReq
+from miniflex.scheduler.store_planner import StorePlanner
 from miniflex.scheduler.tier_setup import build_tiers
 from miniflex.stats import TransferStats
 from miniflex.tiers import SlotTier
@@ -102,6 +102,9 @@ class MiniFlexManager:
         )
         self.num_workers = num_workers
         self.jobs = JobTable(num_workers)
+        self._stores = StorePlanner(
+            config, ns, self.tiers, self.jobs, self._lookup, self.puts, num_workers
+        )
         self._reqs: dict[ReqId, ReqState] = {}
         self._to_load: list[ReqId] = []
         self._release: list[ReqId] = []
@@ -253,7 +256,7 @@ class MiniFlexManager:
                 continue
             hashes = block_hashes(s.req_id)
             if hashes is not None:
-                job = self._store_job(st, hashes, done)
+                job = self._stores.job(st, hashes, done, self.stats)
                 if job is not None:
                     jobs.append(job)
         return jobs, tokens
@@ -292,44 +295,6 @@ class MiniFlexManager:
         self.jobs.add(rec)
         st.load_job = rec.job.job_id
         st.load_job_sync = rec.job.synchronous
-        return rec.job
-
-    def _store_job(
-        self, st: ReqState, hashes: Sequence[bytes], done_tokens: int
-    ) -> TransferJob | None:
-        keys = self._lookup.keys(st, hashes)
-        full = min(
-            len(keys),
-            done_tokens // self.ns.chunk_tokens,
-            len(st.block_ids) // self.ns.blocks_per_chunk,
-        )
-        if full <= st.stored_chunks:
-            return None
-        if self.jobs.storing_chunks() >= self.config.max_inflight_chunks:
-            self.stats.stores_skipped += full - st.stored_chunks
-            st.stored_chunks = full  # skipped for good, not retried (and counted) every step
-            return None
-        first = st.stored_chunks
-        st.stored_chunks = full
-        # chunks of generated tokens go in coldest: they never push a prompt out
-        cold_from = max(0, st.prompt_chunks(self.ns.chunk_tokens) - first)
-        placed = self.tiers.prepare_store(keys[first:full], cold_from)
-        # chunks neither placed nor already in CPU found no slot (every one pinned): lost
-        done = {k for k, _ in placed}
-        self.stats.stores_skipped += sum(
-            1
-            for k in keys[first:full]
-            if k not in done and k not in self.cpu and not self.cpu.is_storing(k)
-        )
-        if not placed:
-            return None
-        st.stored_tokens += len(placed) * self.ns.chunk_tokens
-        puts = self.puts.through(len(placed), self.stats)
-        rec = StoreRecord.plan(
-            self.jobs.next_id(), st, keys, placed, self.ns, self.num_workers, puts
-        )
-        self.jobs.add(rec)
-        st.store_jobs.add(rec.job.job_id)
         return rec.job
 
     # ---- 4. completions ----
