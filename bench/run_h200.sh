@@ -20,8 +20,9 @@
 # sends 96 requests over 12 shared 4k-token prefixes at once, three rounds, with 6 GiB of
 # CPU tier for every connector (MiniFlex CPU+SSD too) and vLLM's KV below four prefixes.
 # multiturn compares how MiniFlex loads a hit instead (MT_CONFIGS, default APC alone and
-# MiniFlex's CPU tier with load_mode sync, layerwise and async). overhead runs OH_CONFIGS
-# (default APC alone, MiniFlex's CPU tier and the native connector). ssd serves 8k and 30k prompts
+# MiniFlex's CPU tier with load_mode sync, layerwise and async, and MiniFlex CPU+SSD with
+# its smaller CPU tier). overhead runs OH_CONFIGS (default APC alone, MiniFlex's CPU tier,
+# the native connector and MiniFlex CPU+SSD). ssd serves 8k and 30k prompts
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
 # with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
@@ -50,8 +51,8 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
-MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async}"
-OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native}"
+MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async,miniflex-ssd}"
+OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
 LIMIT_S="${LIMIT_S:-900}"
 
