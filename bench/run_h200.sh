@@ -35,7 +35,8 @@
 # or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
 # Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
 # commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
-# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines), VERBOSE=1 (vLLM's
+# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines, and
+# EXTRA_ARGS="--ssd-cpu-bytes cpu" gives miniflex-ssd the CPU tier's bytes), VERBOSE=1 (vLLM's
 # and MiniFlex's INFO log into OUT_DIR/<part>.log, with the time per connector hook that each
 # engine logs when it shuts down).
 # LMCache is a row of its own with e.g. CONFIGS=apc,miniflex-cpu,native,lmcache once it is

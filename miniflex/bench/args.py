@@ -103,7 +103,12 @@ def _tiers(t: argparse._ArgumentGroup) -> None:
     t.add_argument(
         "--cpu-bytes", help="MiniFlex CPU tier = the native connector's cpu_bytes_to_use"
     )
-    t.add_argument("--ssd-cpu-bytes", help="miniflex-ssd: CPU tier in front of the SSD tier")
+    t.add_argument(
+        "--ssd-cpu-bytes",
+        help="miniflex-ssd: CPU tier in front of the SSD tier (default: a quarter of the "
+        "working set, so that the SSD tier is read; cpu: the CPU tier's size, for CPU+SSD "
+        "against the CPU tier alone)",
+    )
     t.add_argument("--ssd-bytes", help="miniflex-ssd: SSD tier size")
     t.add_argument(
         "--ssd-dir",

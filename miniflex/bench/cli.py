@@ -179,7 +179,7 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
     if not args.model or not args.gpu_blocks:
         raise ConfigError("--model/--gpu-blocks", None, "an offline run needs both (or give --url)")
     from miniflex.bench.offline_driver import OfflineDriver, on_cuda
-    from miniflex.bench.sizing import auto_tiers
+    from miniflex.bench.sizing import SAME_AS_CPU, auto_tiers
 
     shape = ModelShape.from_dir(args.model)
     assert shape.kv_bytes_per_token is not None
@@ -194,7 +194,9 @@ def _run_offline(args: argparse.Namespace, log: Progress) -> int:
         shape.kv_bytes_per_token,
         args.block_size,
         _size("--cpu-bytes", args.cpu_bytes),
-        _size("--ssd-cpu-bytes", args.ssd_cpu_bytes),
+        SAME_AS_CPU
+        if args.ssd_cpu_bytes == SAME_AS_CPU
+        else _size("--ssd-cpu-bytes", args.ssd_cpu_bytes),
         _size("--ssd-bytes", args.ssd_bytes),
         ssd_dir,
         args.blocks_per_chunk,

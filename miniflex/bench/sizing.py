@@ -26,18 +26,24 @@ def _round_up(n: int, unit: int = 64 * MiB) -> int:
     return -(-n // unit) * unit
 
 
+SAME_AS_CPU = "cpu"
+"""``--ssd-cpu-bytes cpu``: miniflex-ssd's CPU tier is as large as the CPU tier of the
+other configurations, so that CPU+SSD is held against the CPU tier alone byte for byte."""
+
+
 def auto_tiers(
     workloads: Sequence[Workload],
     capacity_tokens: int,
     kv_bytes_per_token: int,
     block_size: int,
     cpu_bytes: int | None,
-    ssd_cpu_bytes: int | None,
+    ssd_cpu_bytes: int | str | None,
     ssd_bytes: int | None,
     ssd_dir: str | None,
     blocks_per_chunk: int | None,
 ) -> TierSizes:
-    """Sizes for this run; a ``None`` argument is derived from the working set."""
+    """Sizes for this run; a ``None`` argument is derived from the working set, and
+    ``ssd_cpu_bytes`` :data:`SAME_AS_CPU` is the CPU tier's size."""
     ws = max((w.working_set_tokens(capacity_tokens) for w in workloads), default=0)
     ws_bytes = ws * kv_bytes_per_token
     capacity_bytes = capacity_tokens * kv_bytes_per_token
@@ -45,8 +51,12 @@ def auto_tiers(
         {} if blocks_per_chunk is None else {"blocks_per_chunk": blocks_per_chunk}
     ).chunk_blocks(block_size)
     chunk_bytes = chunk_blocks * block_size * kv_bytes_per_token
+    cpu = cpu_bytes or max(MIN_BYTES, _round_up(ws_bytes * 5 // 4 + capacity_bytes))
+    if ssd_cpu_bytes == SAME_AS_CPU:
+        ssd_cpu_bytes = cpu
+    assert not isinstance(ssd_cpu_bytes, str), "a size, SAME_AS_CPU or None"
     return TierSizes(
-        cpu_bytes=cpu_bytes or max(MIN_BYTES, _round_up(ws_bytes * 5 // 4 + capacity_bytes)),
+        cpu_bytes=cpu,
         ssd_cpu_bytes=ssd_cpu_bytes or max(8 * chunk_bytes, _round_up(ws_bytes // 4, MiB)),
         ssd_bytes=ssd_bytes or max(MIN_BYTES, _round_up(ws_bytes * 3 // 2 + capacity_bytes)),
         ssd_dir=ssd_dir,

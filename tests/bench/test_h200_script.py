@@ -24,11 +24,12 @@ ROOT = Path(__file__).parents[2]
 PARTS = ("ttft", "decode", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
 
 
-def h200_dry_run(part: str, out: Path) -> dict[str, Any]:
-    """``bench/run_h200.sh PART`` with ``--dry-run``: the engine settings it would use."""
+def h200_dry_run(part: str, out: Path, extra: str = "") -> dict[str, Any]:
+    """``bench/run_h200.sh PART`` with ``--dry-run`` (and ``extra`` arguments): the engine
+    settings it would use."""
     proc = subprocess.run(
         ["bash", str(ROOT / "bench" / "run_h200.sh"), part, str(out)],
-        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": "--dry-run"},
+        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": f"--dry-run {extra}"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -57,3 +58,18 @@ def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
     assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
     assert engine["load_format"] == "dummy" and engine["eager"] is False
     assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456
+
+
+def test_ssd_cpu_bytes_cpu_gives_cpu_ssd_the_cpu_tiers_bytes(tmp_path: Path) -> None:
+    """``--ssd-cpu-bytes cpu``: CPU+SSD against the CPU tier alone, byte for byte (by
+    default miniflex-ssd's CPU tier is smaller, so that its SSD tier is read)."""
+
+    def cpu_bytes(plan: dict[str, Any], config: str) -> int:
+        extra = plan["kv_transfer"][config]["kv_connector_extra_config"]
+        return parse_size("cpu_bytes", str(extra["cpu_bytes"]))
+
+    default = h200_dry_run("overflow", tmp_path / "default")
+    assert cpu_bytes(default, "miniflex-ssd") < cpu_bytes(default, "miniflex-cpu")
+    same = h200_dry_run("overflow", tmp_path / "same", "--ssd-cpu-bytes cpu")
+    assert cpu_bytes(same, "miniflex-ssd") == cpu_bytes(same, "miniflex-cpu")
+    assert cpu_bytes(same, "miniflex-cpu") == cpu_bytes(default, "miniflex-cpu")

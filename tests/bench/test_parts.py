@@ -13,7 +13,7 @@ from miniflex.bench.overflow import OverflowWorkload
 from miniflex.bench.plot import save_plot
 from miniflex.bench.report import format_table
 from miniflex.bench.samples import Sample, percentile, resident_tokens, tier_tokens
-from miniflex.bench.sizing import auto_tiers, max_model_len
+from miniflex.bench.sizing import SAME_AS_CPU, auto_tiers, max_model_len
 from miniflex.bench.ttft import TTFTWorkload
 from miniflex.errors import ConfigError
 
@@ -114,6 +114,10 @@ def test_tiers_are_sized_from_the_largest_working_set() -> None:
     given = auto_tiers(ws, 2000, 1 << 10, 16, 123 << 20, 7 << 20, 9 << 20, "/d", 2)
     assert (given.cpu_bytes, given.ssd_cpu_bytes, given.ssd_bytes) == (123 << 20, 7 << 20, 9 << 20)
     assert given.chunk_tokens == 32
+    same = auto_tiers(ws, 2000, 1 << 10, 16, None, SAME_AS_CPU, None, "/d", None)
+    assert same.ssd_cpu_bytes == same.cpu_bytes == t.cpu_bytes
+    given_same = auto_tiers(ws, 2000, 1 << 10, 16, 123 << 20, SAME_AS_CPU, None, "/d", None)
+    assert given_same.ssd_cpu_bytes == 123 << 20
 
 
 def test_max_model_len_covers_the_longest_prompt() -> None:
