@@ -110,6 +110,15 @@ SPECS: dict[str, Spec] = {
         "thread, which makes them holding the interpreter lock that it shares with vLLM's "
         "thread.",
     ),
+    "staging_queue_bytes": _size(
+        "0",
+        "The most bytes of one store or load that the `staged` mover queues on the copy "
+        "engine at a time, in whole lanes (at least one, at most four); 0: all of a call's "
+        "at once. The copy engine serves copies of one direction in the order they were "
+        "queued, so vLLM's own small copies (its sampled tokens, a step's inputs) wait "
+        "behind what MiniFlex queued before them; with a bound they wait for at most that "
+        "much, and the transfer thread sleeps between lanes.",
+    ),
     "tune_cache": Spec(
         lambda k, v: parse_path(k, v),
         None,

@@ -99,6 +99,7 @@ def make_mover(
             pool,
             ctas=config.kernel_ctas or None,
             lane_bytes=config.staging_lane_bytes,
+            queue_bytes=config.staging_queue_bytes,
         )
     from miniflex.gpu.dma_mover import DMAMover
 

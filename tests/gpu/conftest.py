@@ -34,6 +34,10 @@ MOVERS = [
     pytest.param("staged", {}, id="staged"),
     # One slot per lane, two lanes: every call cycles the lanes (their events) many times.
     pytest.param("staged", {"lanes": 2, "lane_bytes": 1, "ctas": 3}, id="staged-2x1slot"),
+    # Paced: the thread waits for each lane's copy before it queues the next one.
+    pytest.param(
+        "staged", {"lanes": 3, "lane_bytes": 1, "queue_bytes": 1}, id="staged-3x1slot-paced"
+    ),
     pytest.param("cpu", {}, id="torch"),
 ]
 

@@ -154,3 +154,20 @@ def test_a_fresh_thread_stores_and_loads(pools, name, kw) -> None:
     assert not errors, errors
     for c in chunks:
         assert_pages_equal(src, list(c.block_ids), dst, list(c.block_ids))
+
+
+@pytest.mark.skipif(not HAVE_CUPY, reason="the staged mover needs CuPy")
+def test_staged_queue_bytes_bound_whole_lanes(pools) -> None:
+    """``queue_bytes`` counts whole lanes, at least one and at most every lane; 0: no bound."""
+    src = caches()
+    layout = layout_of(src)
+    slot = layout.geometry.slot_bytes
+    pool = pools(8, slot)
+
+    def queued(queue_bytes: int) -> int:
+        mover = make_mover(
+            "staged", layout, src, pool, lanes=4, lane_bytes=2 * slot, queue_bytes=queue_bytes
+        )
+        return mover.queued_lanes  # type: ignore[attr-defined]
+
+    assert [queued(q) for q in (0, 1, 2 * slot, 5 * slot, 100 * slot)] == [0, 1, 1, 2, 4]
