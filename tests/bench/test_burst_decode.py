@@ -50,6 +50,28 @@ def test_burst_summary_holds_the_last_round_against_native_and_cpu_only() -> Non
     assert s["vs_native"]["miniflex-cpu"] == {"throughput_x": 1.2, "cached_at_least": True}
     assert s["ssd_vs_cpu_x"] == 0.983
     assert any("1.20x native" in line and "met" in line for line in s["lines"])
+    assert "ssd_vs_cpu_all_rounds_x" not in s  # no makespans: nothing to add up
+
+
+def test_burst_summary_adds_up_every_round_of_cpu_ssd_against_cpu_only() -> None:
+    """Over all rounds: output tokens over makespans, so a long round weighs more."""
+
+    def row(config: str, round_: int, makespan: float) -> dict:
+        out = 600 / makespan  # 600 output tokens a round
+        return {
+            "config": config,
+            "round": round_,
+            "out_tok_s": out,
+            "makespan_s": makespan,
+            "cached_tokens": 0,
+        }
+
+    rows = [row("miniflex-cpu", 0, 6.0), row("miniflex-cpu", 1, 6.0)]
+    rows += [row("miniflex-ssd", 0, 4.0), row("miniflex-ssd", 1, 12.0)]
+    s = BurstWorkload(PROMPTS).summary(rows, {})
+    assert s["ssd_vs_cpu_by_round_x"] == [1.5, 0.5]
+    assert s["ssd_vs_cpu_all_rounds_x"] == 0.75  # 1200 tokens in 16 s against 12 s
+    assert any("over all 2 rounds: 0.75x" in line for line in s["lines"])
 
 
 def test_decode_cases_parse_and_compare_with_apc() -> None:
