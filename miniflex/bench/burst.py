@@ -153,13 +153,7 @@ def _ssd_vs_cpu_by_round(rows: list[dict[str, Any]], lines: list[str]) -> dict[s
     if not pairs or not all(s.get("makespan_s") and c.get("makespan_s") for s, c in pairs):
         return {}
     each = [s["out_tok_s"] / c["out_tok_s"] for s, c in pairs]
-    tokens = [
-        (s["out_tok_s"] * s["makespan_s"], c["out_tok_s"] * c["makespan_s"]) for s, c in pairs
-    ]
-    seconds = [(s["makespan_s"], c["makespan_s"]) for s, c in pairs]
-    ssd_rate = sum(t for t, _ in tokens) / sum(t for t, _ in seconds)
-    cpu_rate = sum(t for _, t in tokens) / sum(t for _, t in seconds)
-    total = ssd_rate / cpu_rate
+    total = _rate([s for s, _ in pairs]) / _rate([c for _, c in pairs])
     lines.append(
         f"miniflex-ssd over all {len(pairs)} rounds: {total:.2f}x miniflex-cpu's output "
         f"tokens/s (by round: {', '.join(f'{x:.2f}x' for x in each)})"
@@ -168,6 +162,12 @@ def _ssd_vs_cpu_by_round(rows: list[dict[str, Any]], lines: list[str]) -> dict[s
         "ssd_vs_cpu_all_rounds_x": round(total, 3),
         "ssd_vs_cpu_by_round_x": [round(x, 3) for x in each],
     }
+
+
+def _rate(rounds: list[dict[str, Any]]) -> float:
+    """Output tokens/s over ``rounds`` together: their tokens over their makespans."""
+    tokens = sum(r["out_tok_s"] * r["makespan_s"] for r in rounds)
+    return tokens / sum(r["makespan_s"] for r in rounds)
 
 
 def _round_row(config: str, round_: int, ss: list[Sample], makespan: float) -> dict[str, Any]:
