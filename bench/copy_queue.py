@@ -10,10 +10,11 @@ of ``--chunks`` chunks of a Qwen3-8B-shaped KV cache (36 layers, 8 KV heads of
 128, bf16, block 16, LBHNC, ``--chunk-tokens`` per chunk) while the main thread,
 ``--probe-after-ms`` after the call began, copies ``--probe-bytes`` in the same
 direction on a stream of its own and times it until done: the probe stands for
-vLLM's copy. Rows: the staged mover with each ``--queue-mib`` (its
-``staging_queue_bytes``; 0 queues a call at once) and the kernel mover (its SMs
-write to and read from the pool: no copy engine), each against the probe alone
-and the unbounded staged mover of the same run.
+vLLM's copy. Rows: the staged mover with its stores through the lanes
+(``staging_stores=lanes``), the staged mover as configured by default (stores
+written directly by the kernel; loads through the lanes either way) and the
+kernel mover (its SMs write to and read from the pool: no copy engine), each
+against the probe alone and the staged mover with lane stores of the same run.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from miniflex.gpu.synthetic import kv_geometry, random_chunks, synthetic_caches
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
-
-MiB = 1 << 20
 
 
 def log(msg: str) -> None:
@@ -110,26 +109,30 @@ def measure(label: str, mover: KVMover | None, chunks: list[ChunkMove], store: b
     return row
 
 
+LANES = "staged, lane stores"
+
+
 def with_ratios(rows: list[dict]) -> list[dict]:
-    """Each row's probe and call against the unbounded staged mover's, per direction."""
-    base = {r["direction"]: r for r in rows if r["mover"] == "staged, queue 0"}
+    """Each row's probe and call against the staged mover's with lane stores, per direction."""
+    base = {r["direction"]: r for r in rows if r["mover"] == LANES}
     for r in rows:
         b = base.get(r["direction"])
-        r["probe_vs_unbounded"] = round(r["probe_ms"] / b["probe_ms"], 3) if b else None
+        r["probe_vs_lanes"] = round(r["probe_ms"] / b["probe_ms"], 3) if b else None
         both = b and r["call_ms"] and b["call_ms"]
-        r["call_vs_unbounded"] = round(r["call_ms"] / b["call_ms"], 3) if both else None
+        r["call_vs_lanes"] = round(r["call_ms"] / b["call_ms"], 3) if both else None
     return rows
 
 
-def movers(layout, kv, pool, queue_mib: list[int]) -> list[tuple[str, KVMover | None]]:
+def movers(layout, kv, pool) -> list[tuple[str, KVMover | None]]:
     from miniflex.gpu.kernel_mover import KernelMover
     from miniflex.gpu.staged_mover import StagedMover
 
-    out: list[tuple[str, KVMover | None]] = [("none (probe alone)", None)]
-    for q in queue_mib:
-        out.append((f"staged, queue {q}", StagedMover(layout, kv, pool, queue_bytes=q * MiB)))
-    out.append(("kernel (SMs, no copy engine)", KernelMover(layout, kv, pool)))
-    return out
+    return [
+        ("none (probe alone)", None),
+        (LANES, StagedMover(layout, kv, pool, direct_stores=False)),
+        ("staged, default (direct stores)", StagedMover(layout, kv, pool)),
+        ("kernel (SMs, no copy engine)", KernelMover(layout, kv, pool)),
+    ]
 
 
 def main() -> None:
@@ -139,7 +142,6 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=128, help="chunks per call")
     ap.add_argument("--chunk-tokens", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=4096, help="vLLM blocks per layer")
-    ap.add_argument("--queue-mib", type=int, nargs="+", default=[0, 32, 64, 128])
     ap.add_argument("--probe-bytes", type=int, default=4096)
     ap.add_argument("--probe-after-ms", type=float, default=3.0)
     ap.add_argument("--repeat", type=int, default=9)
@@ -154,7 +156,7 @@ def main() -> None:
     pinning.pin(pool.address, pool.nbytes, mapped=True)
     chunks = random_chunks(args.chunks, bpc, args.blocks, 2 * args.chunks, random.Random(7))
     rows = []
-    for label, mover in movers(layout, kv, pool, args.queue_mib):
+    for label, mover in movers(layout, kv, pool):
         for store in (True, False):
             rows.append(measure(label, mover, chunks, store, args))
     pinning.unpin(pool.address)

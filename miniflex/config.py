@@ -68,7 +68,7 @@ class MiniFlexConfig:
     store: bool = field(default=_SPECS["store"].default)
     kernel_ctas: int = field(default=_SPECS["kernel_ctas"].default)
     staging_lane_bytes: int = field(default=_SPECS["staging_lane_bytes"].default)
-    staging_queue_bytes: int = field(default=_SPECS["staging_queue_bytes"].default)
+    staging_stores: str = field(default=_SPECS["staging_stores"].default)
     tune_cache: str | None = field(default=_SPECS["tune_cache"].default)
     ssd_dirs: tuple[str, ...] = field(default=_SPECS["ssd_dirs"].default)
     ssd_bytes: int = field(default=_SPECS["ssd_bytes"].default)

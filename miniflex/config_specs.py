@@ -45,6 +45,7 @@ _EVICTION = ("lru", "fifo")
 _MOVERS = ("auto", "cpu", "kernel", "dma", "staged")
 _SSD_IO = ("auto", "io_uring", "threads")
 _SSD_WRITE = ("back", "through")
+_STAGING_STORES = ("direct", "lanes")
 _HIT_POLICIES = ("cost", "load", "cpu")
 _LOAD_MODES = ("auto", "layerwise", "sync", "async")
 
@@ -110,14 +111,16 @@ SPECS: dict[str, Spec] = {
         "thread, which makes them holding the interpreter lock that it shares with vLLM's "
         "thread.",
     ),
-    "staging_queue_bytes": _size(
-        "0",
-        "The most bytes of one store or load that the `staged` mover queues on the copy "
-        "engine at a time, in whole lanes (at least one, at most four); 0: all of a call's "
-        "at once. The copy engine serves copies of one direction in the order they were "
-        "queued, so vLLM's own small copies (its sampled tokens, a step's inputs) wait "
-        "behind what MiniFlex queued before them; with a bound they wait for at most that "
-        "much, and the transfer thread sleeps between lanes.",
+    "staging_stores": Spec(
+        lambda k, v: parse_choice(k, v, _STAGING_STORES),
+        "direct",
+        "How the `staged` mover stores: `direct`, the copy kernel's SMs write the pages into "
+        "the pool through its mapped address (2 CTAs, as `mover=kernel`), so no copy engine is "
+        "used; `lanes`, pages are gathered into the staging buffer and the copy engine copies "
+        "them to the pool. A copy engine lets another stream's copy in only once the stream it "
+        "serves runs dry, so with `lanes` vLLM's own device-to-host copy after each step (its "
+        "sampled tokens) waits for a whole store. Loads always go through the lanes.",
+        "direct",
     ),
     "tune_cache": Spec(
         lambda k, v: parse_path(k, v),

@@ -65,8 +65,13 @@ def make_mover(
     layout: KVLayout,
     kv_caches: Mapping[str, torch.Tensor],
     pool: HostPool,
+    stores_only: bool = False,
 ) -> KVMover:
-    """Build the configured mover; ``auto`` picks the best one for where the KV cache lives."""
+    """Build the configured mover; ``auto`` picks the best one for where the KV cache lives.
+
+    ``stores_only``: the mover will only store. The staged mover with direct stores
+    stores exactly as the kernel mover does, so that is built instead, without the
+    staging buffer it would never use."""
     name = config.mover
     if name not in MOVERS:
         raise ConfigError("mover", name, "expected one of " + ", ".join(MOVERS))
@@ -85,6 +90,9 @@ def make_mover(
     problem = cuda_mover_problem(name, on_cuda)
     if problem:
         raise ConfigError("mover", config.mover, problem)
+    direct_stores = config.staging_stores == "direct"
+    if name == "staged" and stores_only and direct_stores:
+        name, tuned = "kernel", None  # the staged mover's direct path, nothing tuned
     if name == "kernel":
         from miniflex.gpu.kernel_mover import KernelMover
 
@@ -99,7 +107,7 @@ def make_mover(
             pool,
             ctas=config.kernel_ctas or None,
             lane_bytes=config.staging_lane_bytes,
-            queue_bytes=config.staging_queue_bytes,
+            direct_stores=direct_stores,
         )
     from miniflex.gpu.dma_mover import DMAMover
 

@@ -23,16 +23,18 @@ A call is issued through driver calls that keep the interpreter lock
 and a binding that releases the lock for each of a call's dozens of CUDA calls
 lets vLLM's thread in and out each time. Only the waits release it.
 
-The copy engine serves copies of one direction in the order they were queued,
-whichever stream queued them: a copy vLLM queues (its sampled tokens to the
-host, a step's inputs to the GPU) waits until every byte MiniFlex queued before
-it has moved. ``queue_bytes`` bounds that: once that many bytes of lanes are
-queued, the thread waits (asleep, without the lock) for the oldest lane's copy
-before it queues the next. 0 queues a call's copies at once.
+A copy engine serves the stream whose copies it is running until that stream
+runs dry, and only then another stream's: a copy vLLM queues after a store's
+lanes (its sampled tokens, to the host after each step) waits for the whole
+store. So by default (``direct_stores``) a store skips the lanes and takes the
+kernel mover's direct path: the SMs write the pages into the pool through its
+mapped address and no copy engine is used, at the same bytes per second. A
+load's lanes do not hold up vLLM's copies to the GPU: the copy stream waits for
+each lane's scatter, and vLLM's copies get in meanwhile.
 
-A partial store (never made by the scheduler: stores move whole chunks)
-falls back to the kernel mover's direct path, as do layerwise loads, which
-copy one layer of every chunk at a time.
+With ``direct_stores`` off, a partial store (never made by the scheduler:
+stores move whole chunks) still falls back to the direct path, as do layerwise
+loads, which copy one layer of every chunk at a time.
 """
 
 from __future__ import annotations
@@ -83,10 +85,10 @@ class StagedMover(KernelMover):
         vec: int | None = None,
         lanes: int = LANES,
         lane_bytes: int = LANE_BYTES,
-        queue_bytes: int = 0,
+        direct_stores: bool = True,
     ) -> None:
-        """``queue_bytes``: the most bytes of lane copies queued on the copy engine at a
-        time (whole lanes, at least one, at most ``lanes``); 0: no bound."""
+        """``direct_stores``: stores take the kernel mover's direct path (no copy engine);
+        False: they go through the lanes like loads."""
         if ctas is not None and ctas < 1:
             raise TransferError(f"the staged mover needs at least one CTA, got {ctas}")
         # ``ctas`` (config kernel_ctas) sets the direct path's CTAs too; None: the kernel
@@ -99,15 +101,14 @@ class StagedMover(KernelMover):
         self.slots_per_lane = max(1, lane_bytes // pool.slot_bytes)
         self.lanes = lanes
         lane = self.slots_per_lane * pool.slot_bytes
-        self.queued_lanes = min(lanes, max(1, queue_bytes // lane)) if queue_bytes else 0
+        self.direct_stores = direct_stores
         self._staging = torch.empty(lanes * lane, dtype=torch.uint8, device=self.device)
         self._lane_ptrs = [self._staging.data_ptr() + i * lane for i in range(lanes)]
         self._host = pool.address
         self._copy_stream = torch.cuda.Stream(self.device)
         # Raw CUDA events, kept for the process's life like the streams.
         with torch.cuda.device(self.device_index):
-            # blocking: a thread that waits for one (the last, or a paced lane) sleeps
-            events = raw_events(2 * lanes, blocking=self.queued_lanes > 0)
+            events = raw_events(2 * lanes)
             (self._done,) = raw_events(1, blocking=True)
         self._filled = events[:lanes]  # the lane holds its group's pages
         self._drained = events[lanes:]  # the lane is free again
@@ -115,6 +116,8 @@ class StagedMover(KernelMover):
             self._lane_kernel = held.HeldLaunch(self._kernel.kernel.ptr, _KERNEL_ARGS)
 
     def _move(self, chunks: Sequence[ChunkMove], after: object, to_pool: bool) -> int:
+        if to_pool and self.direct_stores:
+            return super()._move(chunks, after, to_pool)  # direct: no copy engine
         blocks, rows = self._pages(chunks, after)
         if to_pool and not bool(np.all(blocks != NO_BLOCK)):
             return super()._move(chunks, after, to_pool)  # direct, page by page
@@ -143,8 +146,6 @@ class StagedMover(KernelMover):
         table = self._upload_table(blocks, in_lane.reshape(-1), main)
         for k, start in enumerate(range(0, len(slots), per)):
             lane = k % self.lanes
-            if self.queued_lanes and k >= self.queued_lanes:
-                self._wait_copied(k - self.queued_lanes, to_pool)
             group = slots[start : start + per]
             entries = (table + start * bpc * 16, len(group) * bpc)  # 16: one (block, row) pair
             if to_pool:
@@ -153,12 +154,6 @@ class StagedMover(KernelMover):
                 self._read_then_scatter(main, copy, lane, group, entries, k)
         # A store's last copy follows every gather; a load's last scatter every copy.
         held.record(self._done, copy if to_pool else main)
-
-    def _wait_copied(self, group: int, to_pool: bool) -> None:
-        """Sleep, without the interpreter lock, until ``group``'s lane copy is done (its
-        event is not recorded again before group ``group + lanes`` is queued)."""
-        lane = group % self.lanes
-        _runtime().eventSynchronize(self._drained[lane] if to_pool else self._filled[lane])
 
     def _upload_table(self, blocks: np.ndarray, rows: np.ndarray, stream: int) -> int:
         """Queue the upload of the ``(block, row)`` pairs on ``stream``; their device address.

@@ -139,15 +139,14 @@ class MiniFlexHandler:
         if self.config.ssd_dirs and setup.writes:
             assert setup.shard_digest is not None, "the SSD tier needs the namespace digest"
             ssd_bytes = setup.placement.per_store(self.config.ssd_bytes)
-            self._ssd = SSDCopier(
-                self.config, self._pool, setup.shard_digest, setup.rank, ssd_bytes
-            )
+            args = (self.config, self._pool, setup.shard_digest, setup.rank, ssd_bytes)
+            self._ssd = SSDCopier(*args)
         self._writes = setup.writes
         shared = self._pool if isinstance(self._pool, SharedPool) else None
         fetcher = self._remote.bind(self._pool) if self._remote is not None else None
         self._promoter = Promoter(self._ssd, shared, setup.writes, fetcher)
-        self._mover = make_mover(self.config, self.layout, kv_caches, self._pool)
-        self._store_mover = make_mover(self.config, self.layout, kv_caches, self._pool)
+        movers = (self.config, self.layout, kv_caches, self._pool)
+        self._mover, self._store_mover = make_mover(*movers), make_mover(*movers, stores_only=True)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)

@@ -32,12 +32,14 @@ MOVERS = [
     pytest.param("dma", {}, id="dma"),
     pytest.param("dma", {"batch_api": False}, id="dma-memcpy"),
     pytest.param("staged", {}, id="staged"),
+    pytest.param("staged", {"direct_stores": False}, id="staged-lane-stores"),
     # One slot per lane, two lanes: every call cycles the lanes (their events) many times.
-    pytest.param("staged", {"lanes": 2, "lane_bytes": 1, "ctas": 3}, id="staged-2x1slot"),
-    # Paced: the thread waits for each lane's copy before it queues the next one.
     pytest.param(
-        "staged", {"lanes": 3, "lane_bytes": 1, "queue_bytes": 1}, id="staged-3x1slot-paced"
+        "staged",
+        {"lanes": 2, "lane_bytes": 1, "ctas": 3, "direct_stores": False},
+        id="staged-2x1slot-lane-stores",
     ),
+    pytest.param("staged", {"lanes": 3, "lane_bytes": 1}, id="staged-3x1slot"),
     pytest.param("cpu", {}, id="torch"),
 ]
 

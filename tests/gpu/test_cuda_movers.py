@@ -157,17 +157,25 @@ def test_a_fresh_thread_stores_and_loads(pools, name, kw) -> None:
 
 
 @pytest.mark.skipif(not HAVE_CUPY, reason="the staged mover needs CuPy")
-def test_staged_queue_bytes_bound_whole_lanes(pools) -> None:
-    """``queue_bytes`` counts whole lanes, at least one and at most every lane; 0: no bound."""
-    src = caches()
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-stores", "lane-stores"])
+def test_staged_stores_skip_the_lanes_unless_told(pools, direct) -> None:
+    """By default a store writes the pool directly (no staging buffer, no copy engine);
+    with ``direct_stores=False`` it goes through the lanes. Loads always use the lanes."""
+    src, dst = caches(), caches()
     layout = layout_of(src)
-    slot = layout.geometry.slot_bytes
-    pool = pools(8, slot)
-
-    def queued(queue_bytes: int) -> int:
-        mover = make_mover(
-            "staged", layout, src, pool, lanes=4, lane_bytes=2 * slot, queue_bytes=queue_bytes
-        )
-        return mover.queued_lanes  # type: ignore[attr-defined]
-
-    assert [queued(q) for q in (0, 1, 2 * slot, 5 * slot, 100 * slot)] == [0, 1, 1, 2, 4]
+    pool = pools(4, layout.geometry.slot_bytes)
+    chunks = random_chunks(4, BPC, BLOCKS, 4, random.Random(7))
+    mover = make_mover("staged", layout, src, pool, direct_stores=direct)
+    staging = mover._staging  # type: ignore[attr-defined]
+    staging.fill_(0xA5)
+    torch.cuda.synchronize()  # the mover's streams do not wait for the default stream
+    mover.store(chunks)
+    assert_pool_holds(pool, chunks, src, layout.geometry)
+    assert bool((staging == 0xA5).all()) is direct
+    loader = make_mover("staged", layout_of(dst), dst, pool, direct_stores=direct)
+    loader._staging.fill_(0xA5)  # type: ignore[attr-defined]
+    torch.cuda.synchronize()
+    loader.load(chunks)
+    assert not bool((loader._staging == 0xA5).all())  # type: ignore[attr-defined]
+    for c in chunks:
+        assert_pages_equal(src, list(c.block_ids), dst, list(c.block_ids))

@@ -41,6 +41,22 @@ def test_configured_movers_are_built(pools, tmp_path) -> None:
     assert type(auto).__name__ == "StagedMover"
 
 
+def test_a_store_mover_is_the_staged_movers_direct_path(pools, tmp_path) -> None:
+    """The store thread's mover: with ``staging_stores=direct`` (default) the kernel mover,
+    which is how the staged mover stores, with no staging buffer; with ``lanes`` the
+    staged mover, storing through its lanes."""
+    kv = caches()
+    layout = layout_of(kv)
+    pool = pools(2, layout.geometry.slot_bytes)
+    direct = make_mover(config(tmp_path, kernel_ctas=3), layout, kv, pool, stores_only=True)
+    assert type(direct).__name__ == "KernelMover" and direct.ctas == 3  # type: ignore[attr-defined]
+    lanes = config(tmp_path, mover="staged", staging_stores="lanes")
+    staged = make_mover(lanes, layout, kv, pool, stores_only=True)
+    assert type(staged).__name__ == "StagedMover" and not staged.direct_stores  # type: ignore[attr-defined]
+    loads = make_mover(config(tmp_path), layout, kv, pool)
+    assert type(loads).__name__ == "StagedMover" and loads.direct_stores  # type: ignore[attr-defined]
+
+
 def test_auto_and_kernel_follow_the_tuning_cache(pools, tmp_path) -> None:
     kv = caches()
     layout = layout_of(kv)

@@ -130,3 +130,11 @@ def test_load_mode_defaults_to_auto_and_rejects_unknown_modes() -> None:
     assert MiniFlexConfig.from_dict({"load_mode": "async"}, env=env).load_mode == "sync"
     with pytest.raises(ConfigError, match=r"load_mode.*'auto', 'layerwise', 'sync', 'async'"):
         MiniFlexConfig.from_dict({"load_mode": "overlap"}, env={})
+
+
+def test_staging_stores_defaults_to_direct_and_rejects_unknown_paths() -> None:
+    assert MiniFlexConfig.from_dict({}, env={}).staging_stores == "direct"
+    env = {"MINIFLEX_STAGING_STORES": "lanes"}
+    assert MiniFlexConfig.from_dict({}, env=env).staging_stores == "lanes"
+    with pytest.raises(ConfigError, match=r"staging_stores.*'direct', 'lanes'"):
+        MiniFlexConfig.from_dict({"staging_stores": "queue"}, env={})
