@@ -2,10 +2,9 @@
 
     python -m bench.copy_queue [--json bench/results/components/copy_queue_h200.json]
 
-The copy engine serves the copies of one direction in the order they were
-queued, whatever stream queued them. vLLM copies its sampled tokens to the host
-after every step and each step's inputs to the GPU; a MiniFlex store (or load)
-queued before them makes them wait. Here a thread stores (then loads) one call
+vLLM copies its sampled tokens to the host after every step and each step's
+inputs to the GPU, on streams of its own; a MiniFlex store (or load) whose
+copies the copy engine is serving can make them wait. Here a thread stores (then loads) one call
 of ``--chunks`` chunks of a Qwen3-8B-shaped KV cache (36 layers, 8 KV heads of
 128, bf16, block 16, LBHNC, ``--chunk-tokens`` per chunk) while the main thread,
 ``--probe-after-ms`` after the call began, copies ``--probe-bytes`` in the same

@@ -88,8 +88,9 @@ SPECS: dict[str, Spec] = {
         "auto",
         "How KV bytes move between vLLM's cache and the CPU pool: `cpu` (torch copies; the "
         "only mover on vLLM's CPU backend), `kernel` (CuPy gather/scatter kernel into mapped "
-        "pinned memory), `dma` (batched async memcpy), `staged` (whole slots by the copy engines "
-        "through a GPU staging buffer, pages placed by the kernel); `auto`: the tuning cache's "
+        "pinned memory), `dma` (batched async memcpy), `staged` (loads: whole slots by the copy "
+        "engines through a GPU staging buffer, pages placed by the kernel; stores: see "
+        "`staging_stores`); `auto`: the tuning cache's "
         "winner for "
         "this GPU and layout, else `staged` on CUDA and `cpu` elsewhere.",
         "auto",
@@ -98,9 +99,10 @@ SPECS: dict[str, Spec] = {
         lambda k, v: parse_int(k, v, 0, 4096),
         0,
         "Thread blocks (CTAs) of every launch of the copy kernel (`kernel` and `staged` "
-        "movers); few leave the SMs to vLLM's compute. 0: the tuning cache's value, else the "
-        "built-in defaults (2; 8 for the `staged` gather/scatter; 2-8 by size for a load issued "
-        "layer by layer).",
+        "movers, the `staged` mover's direct stores included, which run for a whole store); "
+        "few leave the SMs to vLLM's compute. 0: the tuning cache's value, else the built-in "
+        "defaults (2; 8 for the `staged` gather/scatter; 2-8 by size for a load issued layer "
+        "by layer).",
         "0",
     ),
     "staging_lane_bytes": _size(
@@ -115,11 +117,12 @@ SPECS: dict[str, Spec] = {
         lambda k, v: parse_choice(k, v, _STAGING_STORES),
         "direct",
         "How the `staged` mover stores: `direct`, the copy kernel's SMs write the pages into "
-        "the pool through its mapped address (2 CTAs, as `mover=kernel`), so no copy engine is "
-        "used; `lanes`, pages are gathered into the staging buffer and the copy engine copies "
-        "them to the pool. A copy engine lets another stream's copy in only once the stream it "
-        "serves runs dry, so with `lanes` vLLM's own device-to-host copy after each step (its "
-        "sampled tokens) waits for a whole store. Loads always go through the lanes.",
+        "the pool through its mapped address (`kernel_ctas` CTAs, 2 by default, as "
+        "`mover=kernel`), so no copy engine is used; `lanes`, pages are gathered into the "
+        "staging buffer and the copy engine copies them to the pool. With `lanes`, vLLM's own "
+        "device-to-host copy after each step (its sampled tokens) waited for nearly a whole "
+        "store (docs/gpu.md). Whole-chunk loads go through the lanes either way; layerwise "
+        "loads take the direct path.",
         "direct",
     ),
     "tune_cache": Spec(

@@ -10,25 +10,27 @@ unused. This mover splits the two jobs:
   staging buffer in GPU memory (one large ``cudaMemcpyAsync`` per run of
   consecutive slots), then the kernel of ``copy_pages.cu`` scatters the pages
   from the lane into vLLM's blocks, device to device;
-* a **store** gathers the pages into a lane with the same kernel, then copies
-  the lane to the slots.
+* a **store** (with ``direct_stores`` off) gathers the pages into a lane with
+  the same kernel, then copies the lane to the slots.
 
 Lanes are used round robin, so the copy of group ``k + 1`` runs while group
 ``k`` is scattered: the copy stream and the mover's stream wait for each other
 only through per-lane events. Device-to-device page moves take microseconds,
 so the SMs are busy a small fraction of the time the kernel mover needs.
 
-A call is issued through driver calls that keep the interpreter lock
+A lane call is issued through driver calls that keep the interpreter lock
 (:mod:`~miniflex.gpu.held_driver`): this runs on a worker thread beside vLLM's,
 and a binding that releases the lock for each of a call's dozens of CUDA calls
 lets vLLM's thread in and out each time. Only the waits release it.
 
-A copy engine serves the stream whose copies it is running until that stream
-runs dry, and only then another stream's: a copy vLLM queues after a store's
-lanes (its sampled tokens, to the host after each step) waits for the whole
-store. So by default (``direct_stores``) a store skips the lanes and takes the
-kernel mover's direct path: the SMs write the pages into the pool through its
-mapped address and no copy engine is used, at the same bytes per second. A
+A copy vLLM queues on another stream during a store's lane copies (its sampled
+tokens, to the host after each step) waited for nearly the whole store in
+``bench.copy_queue``, however few lanes were queued at once: the copy engine
+seems to keep serving a stream until it runs dry. So by default
+(``direct_stores``) a store skips the lanes and takes the kernel mover's
+direct path: its SMs write the pages into the pool through its mapped address
+and no copy engine is used (0.72-0.97x the lanes' bytes per second, by call
+size; its CUDA calls go through torch and CuPy, which let go of the lock). A
 load's lanes do not hold up vLLM's copies to the GPU: the copy stream waits for
 each lane's scatter, and vLLM's copies get in meanwhile.
 

@@ -64,7 +64,7 @@ def execute_stores(
     moved = 0
     try:
         if writes and chunks:
-            # Issue only once the forward that computed the blocks is done: the issue holds
+            # Issue only once the forward that computed the blocks is done: the issue needs
             # the interpreter lock, which vLLM's thread needs while it queues the step's
             # sampling, and then waits for the GPU without it.
             mover.wait_for(items[-1].fence)
