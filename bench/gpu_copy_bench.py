@@ -67,6 +67,7 @@ def candidates(ctas: list[int]) -> list[Candidate]:
     return [
         *(Candidate("kernel", c) for c in ctas),
         Candidate("staged"),
+        Candidate.named("staged-lanes"),
         Candidate("dma"),
         Candidate("cpu"),
     ]

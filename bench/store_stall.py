@@ -116,7 +116,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--movers", default="staged,kernel,dma", help="comma-separated")
+    ap.add_argument(
+        "--movers",
+        default="staged,staged-lanes,kernel,dma",
+        help="comma-separated; staged-lanes: the staged mover storing through its lanes",
+    )
     ap.add_argument("--chunks", type=int, nargs="+", default=[1, 8, 32, 128], help="per call")
     ap.add_argument("--chunk-tokens", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=8192, help="vLLM blocks per layer")
@@ -141,7 +145,7 @@ def main() -> None:
     batch = random_chunks(most, bpc, args.blocks, 2 * most, random.Random(7))
     rows = [{"mover": "none (sleeps only)", **measure(None, batch[:1], args)}]
     for name in args.movers.split(","):
-        mover = build(Candidate(name), layout, kv, pool)
+        mover = build(Candidate.named(name), layout, kv, pool)
         if mover is None:
             continue
         for n in args.chunks:

@@ -65,16 +65,25 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Candidate:
-    """One mover with its parameters (``ctas``/``vec`` only for the kernel)."""
+    """One mover with its parameters (``ctas``/``vec`` only for the kernel; ``lane_stores``
+    only for the staged mover: its stores through the lanes, as ``staging_stores=lanes``)."""
 
     mover: str
     ctas: int | None = None
     vec: int | None = None
+    lane_stores: bool = False
+
+    @classmethod
+    def named(cls, name: str) -> Candidate:
+        """A mover name as the benchmarks take it: a registry name, or ``staged-lanes``."""
+        return cls("staged", lane_stores=True) if name == "staged-lanes" else cls(name)
 
     @property
     def label(self) -> str:
         if self.mover == "kernel":
             return f"kernel ctas={self.ctas} vec={self.vec or 'auto'}"
+        if self.lane_stores:
+            return "staged-lanes"
         return "torch (reference)" if self.mover == "cpu" else self.mover
 
     @property
@@ -93,7 +102,9 @@ class Candidate:
         if self.mover == "staged":
             from miniflex.gpu.staged_mover import StagedMover
 
-            return StagedMover(layout, kv, pool, ctas=self.ctas)
+            return StagedMover(layout, kv, pool, ctas=self.ctas, direct_stores=not self.lane_stores)
+        if self.mover != "dma":
+            raise ValueError(f"no mover named {self.mover!r}")
         from miniflex.gpu.dma_mover import DMAMover
 
         return DMAMover(layout, kv, pool)

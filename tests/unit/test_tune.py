@@ -105,3 +105,12 @@ def test_tune_command_without_a_gpu_says_so(capsys, tmp_path: Path) -> None:
     assert rc == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_benchmark_names_pick_the_staged_store_path_and_unknown_names_fail() -> None:
+    lanes = Candidate.named("staged-lanes")
+    assert (lanes.mover, lanes.lane_stores, lanes.label) == ("staged", True, "staged-lanes")
+    assert Candidate.named("staged") == Candidate("staged") and not Candidate("staged").lane_stores
+    assert lanes.sm_cost == Candidate("staged").sm_cost
+    with pytest.raises(ValueError, match="no mover named 'stagedlanes'"):
+        Candidate("stagedlanes").build(None, {}, None)  # type: ignore[arg-type]
