@@ -94,8 +94,10 @@ def test_an_in_step_load_in_a_full_graph_step_is_waited_for_before_the_forward(
 def test_auto_still_loads_layer_by_layer_in_a_prefill_step(tmp_path: Path) -> None:
     """A hit followed by real prefill makes a mixed batch (piecewise graphs, hooks run):
     ``auto`` keeps overlapping the load with that computation where the computation hides
-    it (a prefill of 100 tokens/s: the decodes beside it lose nothing to the load)."""
-    slow = {"prefill_tokens_per_s": 100}
+    it (a prefill of 100 tokens/s: the decodes beside it lose nothing to the load). The load
+    speed is fixed too: the start-up probe's, on a busy machine, can make layer-by-layer
+    loads look slow enough that async is the right choice."""
+    slow = {"prefill_tokens_per_s": 100, "cpu_load_gbps": 1.0}
     h, c = hit_among_decodes(tmp_path, "auto", tokens(3, 5 * CHUNK + 10), slow)
     so = h.step()
     assert [j.timing for j in load_jobs(h, so)] == [LoadTiming.LAYERWISE]
