@@ -111,7 +111,7 @@ class StagedMover(KernelMover):
         # Raw CUDA events, kept for the process's life like the streams.
         with torch.cuda.device(self.device_index):
             events = raw_events(2 * lanes)
-            (self._done,) = raw_events(1, blocking=True)
+            (self._done,) = raw_events(1, blocking=True)  # a waiting thread sleeps
         self._filled = events[:lanes]  # the lane holds its group's pages
         self._drained = events[lanes:]  # the lane is free again
         with cupy_device(self.device_index):  # the CUfunction of this device's module
