@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from miniflex.bench.provenance import provenance
 from miniflex.bench.report import emit, format_table
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
@@ -211,6 +212,7 @@ def main() -> None:
     ap.add_argument("--ceiling-mib", type=int, default=1024)
     ap.add_argument("--matmuls", type=int, default=50, help="matmuls per timed graph replay")
     ap.add_argument("--json")
+    ap.add_argument("--commit", help="the commit measured (default: git's HEAD here)")
     args = ap.parse_args()
     g = kv_geometry(QWEN3_8B, BLOCK, "bfloat16", 64)
     log(f"{torch.cuda.get_device_name()}: KV {args.blocks} blocks x {g.num_layers} layers")
@@ -229,6 +231,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "cupy": cupy.__version__,
+            "provenance": provenance(True, args.commit),
             "kv_blocks": args.blocks,
             "page_bytes": g.page_bytes,
             "ceiling_d2h_GBps": round(ceil[0], 2),
