@@ -36,6 +36,7 @@ from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.gpu.kernel_mover import DEFAULT_CTAS
 from miniflex.gpu.registry import cuda_mover_problem
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks
 from miniflex.gpu.synthetic import synthetic_caches as make_caches
@@ -88,8 +89,13 @@ class Candidate:
 
     @property
     def sm_cost(self) -> float:
-        """Order of preference among near-equals: SMs taken from vLLM's compute."""
-        costs = {"dma": 0.0, "staged": 1.0, "kernel": float(self.ctas or 0)}
+        """Order of preference among near-equals: SMs taken from vLLM's compute, for as
+        long as a copy lasts. The staged mover's lanes take theirs only for each lane's
+        gather or scatter (1); its default direct stores hold the kernel's CTAs for the
+        whole store, as the kernel mover does (``ctas``, else :data:`DEFAULT_CTAS`)."""
+        if self.mover == "staged":
+            return 1.0 if self.lane_stores else float(self.ctas or DEFAULT_CTAS)
+        costs = {"dma": 0.0, "kernel": float(self.ctas or 0)}
         return costs.get(self.mover, float("inf"))
 
     def build(self, layout: KVLayout, kv: dict[str, torch.Tensor], pool: HostPool) -> KVMover:

@@ -10,6 +10,7 @@ import torch
 
 from miniflex.cli import main
 from miniflex.errors import ConfigError
+from miniflex.gpu.kernel_mover import DEFAULT_CTAS
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks, synthetic_caches
 from miniflex.gpu.tune import Candidate, Timing, pick_winner
 from miniflex.layout import layout_from_tensors
@@ -111,6 +112,18 @@ def test_benchmark_names_pick_the_staged_store_path_and_unknown_names_fail() -> 
     lanes = Candidate.named("staged-lanes")
     assert (lanes.mover, lanes.lane_stores, lanes.label) == ("staged", True, "staged-lanes")
     assert Candidate.named("staged") == Candidate("staged") and not Candidate("staged").lane_stores
-    assert lanes.sm_cost == Candidate("staged").sm_cost
     with pytest.raises(ValueError, match="no mover named 'stagedlanes'"):
         Candidate("stagedlanes").build(None, {}, None)  # type: ignore[arg-type]
+
+
+def test_direct_stores_cost_the_staged_mover_the_kernels_ctas() -> None:
+    """Among near-equals the default staged mover ties with a kernel of its store CTAs, and
+    the faster wins; through the lanes it is cheaper than a kernel of the default CTAs."""
+    assert Candidate("staged").sm_cost == Candidate("kernel", DEFAULT_CTAS).sm_cost
+    assert Candidate("staged", ctas=8).sm_cost == Candidate("kernel", 8).sm_cost
+    assert Candidate.named("staged-lanes").sm_cost < Candidate("kernel", DEFAULT_CTAS).sm_cost
+    staged = Timing(Candidate("staged"), 49.0, 49.0)
+    kernel = Timing(Candidate("kernel", DEFAULT_CTAS, 16), 50.0, 50.0)
+    assert pick_winner([staged, kernel]) is kernel
+    lanes = Timing(Candidate.named("staged-lanes"), 49.0, 49.0)
+    assert pick_winner([lanes, kernel]) is lanes
