@@ -62,18 +62,17 @@ from miniflex.clocks import ThreadClock
 from miniflex.config import MiniFlexConfig
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
-from miniflex.gpu.registry import make_mover
-from miniflex.layout import KVLayout, layout_from_tensors
+from miniflex.layout import KVLayout
 from miniflex.plan import JobKind, JobResult, LoadProbe, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
-from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
 from miniflex.worker.job_runner import QueuedJob, execute, failed_result
 from miniflex.worker.probe import probe_rank
 from miniflex.worker.promotions import Promoter
+from miniflex.worker.rank_io import open_rank_io
 from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
 from miniflex.worker.step_timer import StepTimer
@@ -134,19 +133,12 @@ class MiniFlexHandler:
         """Bind to vLLM's KV tensors; opens this rank's pool and SSD store (``setup``: which
         rank this is, whose bytes it writes, default rank 0 of 1; ``latent``: an MLA cache)."""
         setup = setup or RankSetup()
-        self.layout = layout_from_tensors(kv_caches, blocks_per_chunk, latent)
-        self._pool = self._open_pool(num_slots, setup)
-        if self.config.ssd_dirs and setup.writes:
-            assert setup.shard_digest is not None, "the SSD tier needs the namespace digest"
-            ssd_bytes = setup.placement.per_store(self.config.ssd_bytes)
-            args = (self.config, self._pool, setup.shard_digest, setup.rank, ssd_bytes)
-            self._ssd = SSDCopier(*args)
+        io = open_rank_io(
+            self.config, kv_caches, num_slots, blocks_per_chunk, setup, latent, self._remote
+        )
+        self.layout, self._pool, self._ssd = io.layout, io.pool, io.ssd
+        self._mover, self._store_mover, self._promoter = io.mover, io.store_mover, io.promoter
         self._writes = setup.writes
-        shared = self._pool if isinstance(self._pool, SharedPool) else None
-        fetcher = self._remote.bind(self._pool) if self._remote is not None else None
-        self._promoter = Promoter(self._ssd, shared, setup.writes, fetcher)
-        movers = (self.config, self.layout, kv_caches, self._pool)
-        self._mover, self._store_mover = make_mover(*movers), make_mover(*movers, stores_only=True)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
@@ -171,16 +163,6 @@ class MiniFlexHandler:
             self.layout.geometry.chunk_tokens,
         )
         return self.layout
-
-    def _open_pool(self, num_slots: int, setup: RankSetup) -> HostPool:
-        """This rank's pool, or the one all ranks of a replicated cache share."""
-        slot_bytes = self.layout.geometry.slot_bytes if self.layout is not None else 0
-        if setup.shared_pool is not None:
-            keep = bool(self.config.cpu_pool_file)
-            ranks = setup.placement.tp_size
-            return SharedPool(num_slots, slot_bytes, setup.shared_pool, ranks, keep_file=keep)
-        pool_file = self.config.cpu_pool_file
-        return HostPool(num_slots, slot_bytes, f"{pool_file}.{setup.rank}" if pool_file else None)
 
     def _bind_step_loads(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         assert self._mover is not None
