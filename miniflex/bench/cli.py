@@ -43,7 +43,8 @@ __all__ = ["run"]
 def _workloads(
     args: argparse.Namespace, prompts: PromptMaker, shape: ModelShape
 ) -> tuple[list[Workload], dict[str, Any] | None]:
-    """The workloads named on the command line, and the copy bandwidth if ``ttft`` needs it."""
+    """The workloads named on the command line, and the copy bandwidth if ``ttft`` or
+    ``overflow`` needs it (for their floors)."""
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     for n in names:
         if n not in WORKLOADS:
@@ -51,7 +52,7 @@ def _workloads(
     if args.json and len(names) != 1:
         raise ConfigError("--json", args.json, "only with a single workload; use --out-dir")
     bandwidth = None
-    if "ttft" in names and not args.dry_run:
+    if {"ttft", "overflow"} & set(names) and not args.dry_run:
         from miniflex.bench.bandwidth import measure_in_child
 
         bandwidth = measure_in_child()
@@ -80,6 +81,9 @@ def _prefix_workloads(
             prompt_tokens=args.overflow_prompt_tokens,
             ratios=args.overflow_ratios,
             passes=args.overflow_passes,
+            kv_bytes_per_token=shape.kv_bytes_per_token,
+            bandwidth_gbps=(bandwidth or {}).get("GBps"),
+            bandwidth_kind=(bandwidth or {}).get("kind", "n/a"),
         ),
         "multiturn": MultiturnWorkload(
             prompts,
