@@ -68,21 +68,28 @@ def open_rank_io(
 ) -> RankIO:
     """Bind to ``kv_caches`` (``latent``: an MLA cache) and open this rank's pool of
     ``num_slots``, its SSD store (when ``setup`` says it writes) and its movers;
-    ``remote``: the rank's remote tier, whose fetches land in the pool."""
+    ``remote``: the rank's remote tier, whose fetches land in the pool. If any of it
+    fails, what was opened is closed again before the error propagates."""
     layout = layout_from_tensors(kv_caches, blocks_per_chunk, latent)
     pool = _open_pool(config, layout.geometry.slot_bytes, num_slots, setup)
     ssd = None
-    if config.ssd_dirs and setup.writes:
-        assert setup.shard_digest is not None, "the SSD tier needs the namespace digest"
-        ssd_bytes = setup.placement.per_store(config.ssd_bytes)
-        ssd = SSDCopier(config, pool, setup.shard_digest, setup.rank, ssd_bytes)
-    shared = pool if isinstance(pool, SharedPool) else None
-    fetcher = remote.bind(pool) if remote is not None else None
-    return RankIO(
-        layout=layout,
-        pool=pool,
-        ssd=ssd,
-        mover=make_mover(config, layout, kv_caches, pool),
-        store_mover=make_mover(config, layout, kv_caches, pool, stores_only=True),
-        promoter=Promoter(ssd, shared, setup.writes, fetcher),
-    )
+    try:
+        if config.ssd_dirs and setup.writes:
+            assert setup.shard_digest is not None, "the SSD tier needs the namespace digest"
+            ssd_bytes = setup.placement.per_store(config.ssd_bytes)
+            ssd = SSDCopier(config, pool, setup.shard_digest, setup.rank, ssd_bytes)
+        shared = pool if isinstance(pool, SharedPool) else None
+        fetcher = remote.bind(pool) if remote is not None else None
+        return RankIO(
+            layout=layout,
+            pool=pool,
+            ssd=ssd,
+            mover=make_mover(config, layout, kv_caches, pool),
+            store_mover=make_mover(config, layout, kv_caches, pool, stores_only=True),
+            promoter=Promoter(ssd, shared, setup.writes, fetcher),
+        )
+    except BaseException:  # what was opened is closed: the handler never saw it
+        if ssd is not None:
+            ssd.close()
+        pool.close()
+        raise
