@@ -18,7 +18,14 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["measure", "measure_in_child"]
+__all__ = ["kv_copy_ms", "measure", "measure_in_child"]
+
+
+def kv_copy_ms(tokens: int, kv_bytes_per_token: int | None, gbps: float | None) -> float | None:
+    """Milliseconds to copy ``tokens`` tokens of KV at ``gbps`` (None: either is unknown)."""
+    if not kv_bytes_per_token or not gbps:
+        return None
+    return tokens * kv_bytes_per_token / (gbps * 1e6)
 
 
 def _best_gbps(copy: Any, sync: Any, nbytes: int, repeats: int) -> float:

@@ -67,23 +67,24 @@ def _prefix_workloads(
     bandwidth: dict[str, Any] | None,
 ) -> dict[str, Workload]:
     """The workloads that time one prompt or conversation at a time."""
+    floor = {  # what ttft and overflow hold their floors against
+        "kv_bytes_per_token": shape.kv_bytes_per_token,
+        "bandwidth_gbps": (bandwidth or {}).get("GBps"),
+        "bandwidth_kind": (bandwidth or {}).get("kind", "n/a"),
+    }
     return {
         "ttft": TTFTWorkload(
             prompts,
             prompt_tokens=args.ttft_prompts,
             repeat=args.repeat,
-            kv_bytes_per_token=shape.kv_bytes_per_token,
-            bandwidth_gbps=(bandwidth or {}).get("GBps"),
-            bandwidth_kind=(bandwidth or {}).get("kind", "n/a"),
+            **floor,
         ),
         "overflow": OverflowWorkload(
             prompts,
             prompt_tokens=args.overflow_prompt_tokens,
             ratios=args.overflow_ratios,
             passes=args.overflow_passes,
-            kv_bytes_per_token=shape.kv_bytes_per_token,
-            bandwidth_gbps=(bandwidth or {}).get("GBps"),
-            bandwidth_kind=(bandwidth or {}).get("kind", "n/a"),
+            **floor,
         ),
         "multiturn": MultiturnWorkload(
             prompts,

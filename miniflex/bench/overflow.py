@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from miniflex.bench.bandwidth import kv_copy_ms
 from miniflex.bench.base import Log, Workload
 from miniflex.bench.driver import Driver
 from miniflex.bench.model import PromptMaker
@@ -68,9 +69,7 @@ class OverflowWorkload(Workload):
 
     def copy_ms(self) -> float | None:
         """Milliseconds to copy one prompt's KV at the measured bandwidth (None: unknown)."""
-        if not self.kv_bytes_per_token or not self.bandwidth_gbps:
-            return None
-        return self.prompt_tokens * self.kv_bytes_per_token / (self.bandwidth_gbps * 1e6)
+        return kv_copy_ms(self.prompt_tokens, self.kv_bytes_per_token, self.bandwidth_gbps)
 
     def run(self, driver: Driver, log: Log) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         driver.prefill(self.prompts(WARMUP_TOKENS, "warmup"), "warmup")

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from miniflex.bench.bandwidth import kv_copy_ms
 from miniflex.bench.base import Log, Workload
 from miniflex.bench.driver import Driver
 from miniflex.bench.model import PromptMaker
@@ -122,9 +123,8 @@ class TTFTWorkload(Workload):
         }
 
     def floor_ms(self, n: int, gpu_hit_ms: float) -> float | None:
-        if not self.kv_bytes_per_token or not self.bandwidth_gbps:
-            return None
-        return n * self.kv_bytes_per_token / (self.bandwidth_gbps * 1e6) + gpu_hit_ms
+        copy = kv_copy_ms(n, self.kv_bytes_per_token, self.bandwidth_gbps)
+        return None if copy is None else copy + gpu_hit_ms
 
     def summary(self, rows: list[dict[str, Any]], context: dict[str, Any]) -> dict[str, Any]:
         apc = {r["prompt_tokens"]: r["evicted_ms"] for r in rows if r["config"] == "apc"}

@@ -148,12 +148,14 @@ def test_resident_tokens_are_read_apart_from_hits() -> None:
     assert tier_tokens(params) == {"ssd": 0}
 
 
-def test_overflow_summary_holds_the_worst_ttft_past_capacity_against_the_one_within() -> None:
-    def row(config: str, ratio: float, p50: float) -> dict:
-        return {"config": config, "ratio": ratio, "miss_pct": 0.0, "ttft_p50_ms": p50}
+def overflow_row(config: str, ratio: float, p50: float) -> dict:
+    return {"config": config, "ratio": ratio, "miss_pct": 0.0, "ttft_p50_ms": p50}
 
-    rows = [row("flat", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 32.0), (3.0, 30.0))]
-    rows += [row("steep", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 40.0))]
+
+def test_overflow_summary_holds_the_worst_ttft_past_capacity_against_the_one_within() -> None:
+    flat = ((0.5, 20.0), (1.0, 30.0), (2.0, 32.0), (3.0, 30.0))
+    rows = [overflow_row("flat", r, p) for r, p in flat]
+    rows += [overflow_row("steep", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 40.0))]
     summary = OverflowWorkload(PromptMaker(1000)).summary(rows, {})
     assert summary["flat_x"] == {"flat": 1.28, "steep": 1.6}  # over the median 25 ms
     assert any("steep" in line and "NOT met" in line for line in summary["lines"])
@@ -161,11 +163,8 @@ def test_overflow_summary_holds_the_worst_ttft_past_capacity_against_the_one_wit
 
 
 def test_overflow_floor_adds_one_prompts_copy_at_the_measured_bandwidth() -> None:
-    def row(config: str, ratio: float, p50: float) -> dict:
-        return {"config": config, "ratio": ratio, "miss_pct": 0.0, "ttft_p50_ms": p50}
-
-    rows = [row("flat", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 32.0))]
-    rows += [row("steep", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 40.0))]
+    rows = [overflow_row("flat", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 32.0))]
+    rows += [overflow_row("steep", r, p) for r, p in ((0.5, 20.0), (1.0, 30.0), (2.0, 40.0))]
     # 1000 tokens x 10 kB at 1 GB/s: a 10 ms copy over the in-capacity median of 25 ms
     workload = OverflowWorkload(
         PromptMaker(1000), prompt_tokens=1000, kv_bytes_per_token=10_000, bandwidth_gbps=1.0
