@@ -63,7 +63,8 @@ def _engines(g: argparse._ArgumentGroup) -> None:
         default="apc,native,miniflex-cpu,miniflex-ssd",
         help="offline: side by side, one at a time: "
         + ", ".join(CONFIGS)
-        + "; MiniFlex ones take settings after '+' (miniflex-cpu+store=false)",
+        + "; MiniFlex ones take settings after '+' (miniflex-cpu+store=false); NAME#2 starts "
+        "another engine of NAME, for the spread between engines",
     )
     g.add_argument(
         "--url",

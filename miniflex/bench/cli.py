@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 from miniflex.bench.args import WORKLOADS
 from miniflex.bench.base import Workload
 from miniflex.bench.burst import BurstWorkload
-from miniflex.bench.configs import Connector, EngineConfig, TierSizes, parse_configs
+from miniflex.bench.configs import (
+    Connector,
+    EngineConfig,
+    TierSizes,
+    base_name,
+    parse_configs,
+)
 from miniflex.bench.decode import DecodeWorkload
 from miniflex.bench.mixed import MixedWorkload
 from miniflex.bench.model import ModelShape, PromptMaker
@@ -250,7 +256,7 @@ def _engine_settings(
 def _fresh_ssd_dir(args: argparse.Namespace, configs: list[EngineConfig]) -> str | None:
     """A fresh directory for the configurations with an SSD tier (None: none has one):
     MiniFlex serves chunks it finds on SSD after a restart."""
-    if not any(c.name.split("+")[0] in ("miniflex-ssd", "native-fs") for c in configs):
+    if not any(base_name(c.name) in ("miniflex-ssd", "native-fs") for c in configs):
         return None
     base = args.ssd_dir or ("/var/tmp" if os.path.isdir("/var/tmp") else None)  # not tmpfs
     return tempfile.mkdtemp(prefix="miniflex-bench-ssd-", dir=base)

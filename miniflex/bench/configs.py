@@ -30,15 +30,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import functools
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from miniflex.bench.lmcache_probe import environ, lmcache_env, lmcache_unavailable
 from miniflex.errors import ConfigError
 
 __all__ = [
@@ -47,6 +43,7 @@ __all__ = [
     "Connector",
     "EngineConfig",
     "TierSizes",
+    "base_name",
     "lmcache_unavailable",
     "parse_configs",
 ]
@@ -126,22 +123,8 @@ class EngineConfig:
     @contextlib.contextmanager
     def environment(self) -> Iterator[None]:
         """Set :attr:`env` while the engine starts (its processes inherit it), then restore."""
-        with _environ(self.env() if self.env else {}):
+        with environ(self.env() if self.env else {}):
             yield
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _native(t: TierSizes) -> dict[str, Any]:
@@ -190,85 +173,6 @@ def _lmcache(t: TierSizes) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
-
-
-def _lmcache_env() -> dict[str, str]:
-    """What LMCache reads only from the environment: no usage report over the network from a
-    benchmark, and its log level at vLLM's (its per-request INFO lines cost time)."""
-    return {
-        "LMCACHE_TRACK_USAGE": "false",
-        "LMCACHE_LOG_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),
-    }
-
-
-# Run in a child process: importing LMCache queries CUDA, which the benchmark process itself
-# must not do before vLLM starts its engine processes.
-_LMCACHE_PROBE = """
-import importlib, inspect, json
-import lmcache
-from lmcache.integration.vllm import vllm_v1_adapter  # what LMCacheConnectorV1 imports
-native, error = None, None
-try:
-    from lmcache.v1.platform import resolve_device_ops
-    ops = resolve_device_ops(lmcache.torch_device_type)
-    native = inspect.isbuiltin(ops.multi_layer_kv_transfer)  # a compiled function, or torch's
-except Exception as exc:
-    error = f"{type(exc).__name__}: {exc}"
-if native is False:
-    for name in ("lmcache.cuda_ops", "lmcache.c_ops"):  # 0.5.4 and later, 0.5.3 and before
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            error = str(exc)
-            break
-print(json.dumps({"version": lmcache.__version__, "device": lmcache.torch_device_type,
-                  "native": native, "error": error}))
-"""
-
-
-@functools.cache
-def lmcache_unavailable(timeout_s: float = 300.0) -> str | None:
-    """Why the ``lmcache`` configuration cannot run on this CUDA machine (None: it can).
-
-    LMCache must import with its vLLM adapter, see the GPU, and move KV with its compiled
-    CUDA kernels: its torch fallback (used when they do not load, as LMCache 0.5.4 and later
-    against torch 2.11) copies vLLM 0.26's packed K/V layout to the wrong slots.
-    """
-    try:
-        with _environ(_lmcache_env()):
-            proc = subprocess.run(
-                [sys.executable, "-c", _LMCACHE_PROBE],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-            )
-    except subprocess.TimeoutExpired:
-        return f"left out: importing LMCache took more than {timeout_s:.0f} s"
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        errors = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        return "left out: LMCache is not importable here: " + (
-            errors[-1].strip() if errors else f"exit status {proc.returncode}"
-        )
-    try:
-        found = json.loads(lines[-1])
-    except ValueError:
-        return f"left out: LMCache's import check printed {lines[-1][:200]!r}"
-    if found["device"] != "cuda":
-        return f"left out: LMCache does not see a CUDA device (it found {found['device']!r})"
-    if found["native"] is None:
-        return (
-            f"left out: cannot tell whether LMCache {found['version']}'s CUDA kernels are "
-            f"bound: {found['error']}"
-        )
-    if not found["native"]:
-        why = f": {found['error']}" if found["error"] else ""
-        return (
-            f"left out: LMCache {found['version']}'s CUDA kernels do not load with this "
-            f"torch{why}; its torch fallback copies vLLM's packed K/V layout to the wrong "
-            "slots (stage LMCache 0.5.3 with bench/stage_lmcache.sh)"
-        )
-    return None
 
 
 def _miniflex_cpu(t: TierSizes) -> dict[str, Any]:
@@ -327,7 +231,7 @@ CONFIGS: dict[str, EngineConfig] = {
             _lmcache,
             needs_cuda=True,
             check=lmcache_unavailable,
-            env=_lmcache_env,
+            env=lmcache_env,
         ),
         *(
             EngineConfig(
@@ -347,7 +251,11 @@ def parse_configs(text: str) -> list[EngineConfig]:
 
     A MiniFlex configuration takes settings after ``+`` (``miniflex-cpu+store=false``): a
     variant with those MiniFlex settings on top, named by the whole text, so that two
-    settings can be compared in one run.
+    settings can be compared in one run. A suffix ``#N`` (``miniflex-cpu#2``) starts
+    another engine of the same configuration, under that name: rows of one configuration
+    from two engines give the spread between engines, against which a difference between
+    configurations is read (``apc,miniflex-cpu,miniflex-ssd,miniflex-cpu#2,miniflex-ssd#2``
+    interleaves them).
     """
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -357,7 +265,23 @@ def parse_configs(text: str) -> list[EngineConfig]:
     return [_config(n) for n in names]
 
 
+def base_name(name: str) -> str:
+    """The built-in configuration a ``--configs`` name starts from, without its ``+``
+    settings and ``#N`` repeat (``miniflex-ssd+store=false#2`` -> ``miniflex-ssd``)."""
+    return name.partition("#")[0].partition("+")[0]
+
+
 def _config(text: str) -> EngineConfig:
+    spec, hash_, repeat = text.partition("#")
+    if hash_ and not (repeat.isdigit() and int(repeat) >= 2):
+        raise ConfigError(
+            "--configs", text, "expected a repeat number of 2 or more after '#' (NAME#2)"
+        )
+    config = _configured(spec)
+    return dataclasses.replace(config, name=text) if hash_ else config
+
+
+def _configured(text: str) -> EngineConfig:
     name, *settings = text.split("+")
     base = CONFIGS.get(name)
     if base is None:

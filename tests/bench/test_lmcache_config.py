@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from miniflex.bench import configs
+from miniflex.bench import lmcache_probe
 from miniflex.bench.configs import CONFIGS, Connector, TierSizes, lmcache_unavailable
 
 GiB = 1 << 30
@@ -71,7 +71,7 @@ def test_without_cuda_lmcache_is_skipped_before_any_import(monkeypatch) -> None:
     def no_probe(*args, **kwargs):
         raise AssertionError("probed LMCache without CUDA")
 
-    monkeypatch.setattr(configs.subprocess, "run", no_probe)
+    monkeypatch.setattr(lmcache_probe.subprocess, "run", no_probe)
     assert "CUDA only" in CONFIGS["lmcache"].unavailable(on_cuda=False)
 
 
@@ -82,7 +82,7 @@ def probe_returning(monkeypatch, stdout: str = "", stderr: str = "", rc: int = 0
         seen.append({"cmd": cmd, "env": dict(os.environ)})
         return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
 
-    monkeypatch.setattr(configs.subprocess, "run", run)
+    monkeypatch.setattr(lmcache_probe.subprocess, "run", run)
     return seen
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.bench.configs import CONFIGS, TierSizes, parse_configs
+from miniflex.bench.configs import CONFIGS, TierSizes, base_name, parse_configs
 from miniflex.bench.model import ModelShape, PromptMaker
 from miniflex.bench.overflow import OverflowWorkload
 from miniflex.bench.plot import save_plot
@@ -54,6 +54,32 @@ def test_a_miniflex_configuration_takes_settings_after_a_plus() -> None:
         parse_configs("apc+store=false")
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_configs("miniflex-cpu+store")
+
+
+def test_a_repeat_suffix_starts_another_engine_of_the_same_configuration() -> None:
+    cpu, ssd, cpu2, variant2 = parse_configs(
+        "miniflex-cpu,miniflex-ssd,miniflex-cpu#2,miniflex-ssd+store=false#3"
+    )
+    assert [c.name for c in (cpu, ssd, cpu2, variant2)] == [
+        "miniflex-cpu",
+        "miniflex-ssd",
+        "miniflex-cpu#2",
+        "miniflex-ssd+store=false#3",
+    ]
+    tiers = TierSizes(
+        cpu_bytes=1 << 30, ssd_cpu_bytes=1 << 28, ssd_bytes=1 << 31, ssd_dir="/d", chunk_tokens=64
+    )
+    assert cpu2.kv_transfer(tiers) == cpu.kv_transfer(tiers)
+    assert variant2.kv_transfer(tiers)["kv_connector_extra_config"] == {
+        **ssd.kv_transfer(tiers)["kv_connector_extra_config"],
+        "store": "false",
+    }
+    assert [base_name(c.name) for c in (cpu2, variant2)] == ["miniflex-cpu", "miniflex-ssd"]
+    for bad in ("miniflex-cpu#", "miniflex-cpu#1", "miniflex-cpu#two", "apc,apc#2,apc#2"):
+        with pytest.raises(ConfigError):
+            parse_configs(bad)
+    with pytest.raises(ConfigError, match="expected one of"):
+        parse_configs("vllm-magic#2")
 
 
 def test_load_mode_configurations_differ_from_miniflex_cpu_only_in_load_mode() -> None:
