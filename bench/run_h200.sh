@@ -106,10 +106,10 @@ case "$PART" in
   overflow)  # 1024 blocks = 16,384 tokens; 4k-token prompts: 2 to 12 of them
     run_part overflow overflow --gpu-blocks 1024 --overflow-prompt-tokens 4096 \
       --overflow-ratios 0.5,1,1.5,2,3 ;;
-  mixed)  # 4 shared 8k prefixes = 2x the 16k-token KV cache
+  mixed)  # 4 shared 8k prefixes = 2x the 16k-token KV cache; 160 requests, 40 s at 4/s
     run_part mixed mixed --gpu-blocks 1024 --mixed-prefixes 4 \
       --mixed-prefix-tokens 8192 --mixed-suffix-tokens 128 --mixed-short-tokens 256 \
-      --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 80 --mixed-max-tokens 8 ;;
+      --mixed-long-fraction 0.5 --mixed-rate 4 --mixed-requests 160 --mixed-max-tokens 8 ;;
   overhead)  # no reuse; 6000 blocks hold the whole batch, so no round waits for KV space
     CONFIGS="$OH_CONFIGS" run_part overhead overhead --gpu-blocks 6000 \
       --overhead-prompts 32 --overhead-prompt-tokens 2048 --overhead-max-tokens 16 \
