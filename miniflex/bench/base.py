@@ -8,9 +8,12 @@ from typing import Any, ClassVar
 
 from miniflex.bench.driver import Driver
 
-__all__ = ["Log", "Workload"]
+__all__ = ["WARMUP_TOKENS", "Log", "Workload"]
 
 Log = Callable[[str], None]
+
+WARMUP_TOKENS = 256
+"""The warm-up prompt each workload sends first, untimed (it also sizes ``max_model_len``)."""
 
 
 class Workload(ABC):

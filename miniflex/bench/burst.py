@@ -26,14 +26,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver, taken_ms
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, percentile
 
 __all__ = ["BurstWorkload"]
 
-WARMUP_TOKENS = 256
 TARGET_VS_NATIVE = 1.15
 TARGET_SSD_VS_CPU = 0.98
 

@@ -18,14 +18,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver
 from miniflex.bench.model import PromptMaker
 
 __all__ = ["DecodeCase", "DecodeWorkload"]
 
 TARGET_X = 0.99
-WARMUP_TOKENS = 256
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,12 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, mean, percentile
 
 __all__ = ["MixedWorkload", "class_row"]
-
-WARMUP_TOKENS = 256
 
 
 def class_row(config: str, label: str, ss: list[Sample], makespan_s: float) -> dict[str, Any]:

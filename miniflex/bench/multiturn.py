@@ -22,13 +22,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
 from miniflex.bench.model import PromptMaker
 
 __all__ = ["MultiturnWorkload"]
 
-WARMUP_TOKENS = 256
 RATIOS = (("layerwise", "sync"), ("layerwise", "async"), ("layerwise", "recompute"))
 CONFIG_OF = {
     "layerwise": "miniflex-layerwise",

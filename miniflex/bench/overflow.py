@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from miniflex.bench.bandwidth import kv_copy_ms
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, mean
 
 __all__ = ["OverflowWorkload"]
 
-WARMUP_TOKENS = 256
 FLAT_TARGET = 1.3  # worst TTFT past capacity / TTFT within it
 
 

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver, taken_ms
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import mean, percentile
@@ -31,7 +31,6 @@ from miniflex.bench.samples import mean, percentile
 __all__ = ["OverheadWorkload"]
 
 TARGET_PCT = 2.0
-WARMUP_TOKENS = 256
 
 
 @dataclass

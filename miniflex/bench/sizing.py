@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from miniflex.bench.base import Workload
+from miniflex.bench.base import WARMUP_TOKENS, Workload
 from miniflex.bench.configs import TierSizes
 from miniflex.config import MiniFlexConfig
 from miniflex.errors import ConfigError
@@ -72,12 +72,13 @@ def max_model_len(
     model_max: int | None,
     given: int | None,
 ) -> int:
-    """The longest prompt plus room for a few output tokens, in whole blocks.
+    """The longest prompt (a workload's, or the warm-up prompt each sends first) plus room
+    for a few output tokens, in whole blocks.
 
     vLLM refuses to start when one request of ``max_model_len`` tokens would
     not fit its KV cache (less one block), so that is checked here first.
     """
-    need = max(w.max_prompt_tokens() for w in workloads) + 64
+    need = max(WARMUP_TOKENS, *(w.max_prompt_tokens() for w in workloads)) + 64
     n = given or -(-need // block_size) * block_size
     if n < need:
         raise ConfigError(

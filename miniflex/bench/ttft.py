@@ -27,14 +27,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from miniflex.bench.bandwidth import kv_copy_ms
-from miniflex.bench.base import Log, Workload
+from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample
 
 __all__ = ["TTFTWorkload"]
-
-WARMUP_TOKENS = 256
 
 
 @dataclass

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from miniflex.bench.base import WARMUP_TOKENS
 from miniflex.bench.configs import CONFIGS, TierSizes, base_name, parse_configs
 from miniflex.bench.model import ModelShape, PromptMaker
 from miniflex.bench.overflow import OverflowWorkload
@@ -155,6 +156,16 @@ def test_max_model_len_covers_the_longest_prompt() -> None:
         max_model_len(ws, 16, 2100, 16384, None)
     with pytest.raises(ConfigError, match="at least 1880 blocks"):
         max_model_len(ws, 16, 1024, 40960, None)
+
+
+def test_max_model_len_covers_the_warm_up_prompt_of_a_run_of_short_prompts() -> None:
+    # Each workload prefills a WARMUP_TOKENS prompt first: sized from 192-token prompts
+    # alone, vLLM refused it on every engine, after each had started.
+    ws = [OverflowWorkload(PromptMaker(1000), prompt_tokens=192, ratios=(2.0,))]
+    n = max_model_len(ws, 32, 24, 40960, None)
+    assert n == 320 and n > WARMUP_TOKENS
+    with pytest.raises(ConfigError, match=f"at least {WARMUP_TOKENS + 64}"):
+        max_model_len(ws, 32, 24, 40960, 256)
 
 
 def test_per_tier_hits_come_from_either_spelling() -> None:
