@@ -43,8 +43,6 @@ def lmcache_env() -> dict[str, str]:
     }
 
 
-# Run in a child process: importing LMCache queries CUDA, which the benchmark process itself
-# must not do before vLLM starts its engine processes.
 _LMCACHE_PROBE = """
 import importlib, inspect, json
 import lmcache

@@ -67,12 +67,9 @@ def test_a_repeat_suffix_starts_another_engine_of_the_same_configuration() -> No
         "miniflex-cpu#2",
         "miniflex-ssd+store=false#3",
     ]
-    tiers = TierSizes(
-        cpu_bytes=1 << 30, ssd_cpu_bytes=1 << 28, ssd_bytes=1 << 31, ssd_dir="/d", chunk_tokens=64
-    )
-    assert cpu2.kv_transfer(tiers) == cpu.kv_transfer(tiers)
-    assert variant2.kv_transfer(tiers)["kv_connector_extra_config"] == {
-        **ssd.kv_transfer(tiers)["kv_connector_extra_config"],
+    assert cpu2.kv_transfer(TIERS) == cpu.kv_transfer(TIERS)
+    assert variant2.kv_transfer(TIERS)["kv_connector_extra_config"] == {
+        **ssd.kv_transfer(TIERS)["kv_connector_extra_config"],
         "store": "false",
     }
     assert [base_name(c.name) for c in (cpu2, variant2)] == ["miniflex-cpu", "miniflex-ssd"]
