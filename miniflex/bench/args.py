@@ -64,7 +64,8 @@ def _engines(g: argparse._ArgumentGroup) -> None:
         help="offline: side by side, one at a time: "
         + ", ".join(CONFIGS)
         + "; MiniFlex ones take settings after '+' (miniflex-cpu+store=false); NAME#2 starts "
-        "another engine of NAME, for the spread between engines",
+        "another engine of NAME, and each workload then also prints every configuration's "
+        "mean and spread over its engines",
     )
     g.add_argument(
         "--url",

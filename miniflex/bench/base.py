@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from miniflex.bench.driver import Driver
+from miniflex.bench.engines import Measure
 
 __all__ = ["WARMUP_TOKENS", "Log", "Workload"]
 
@@ -27,6 +28,10 @@ class Workload(ABC):
 
     name: ClassVar[str]
     title: ClassVar[str]
+    row_cases: ClassVar[tuple[str, ...]] = ()
+    """Row columns besides ``config`` that tell one configuration's rows apart."""
+    row_measures: ClassVar[tuple[Measure, ...]] = ()
+    """Row columns compared between engines (:mod:`miniflex.bench.engines`); none: no table."""
 
     @abstractmethod
     def max_prompt_tokens(self) -> int:

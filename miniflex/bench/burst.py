@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver, taken_ms
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, percentile
 
@@ -41,6 +42,13 @@ TARGET_SSD_VS_CPU = 0.98
 class BurstWorkload(Workload):
     name: ClassVar[str] = "burst"
     title: ClassVar[str] = "Burst: requests over shared prefixes, sent together"
+    row_cases = ("round",)
+    row_measures = (
+        Measure("out_tok_s", True),
+        Measure("ttft_p50_ms"),
+        Measure("ttft_p99_ms"),
+        Measure("cached_pct", True),
+    )
 
     prompts: PromptMaker
     prefixes: int = 12

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from miniflex.bench.engines import configuration
 from miniflex.bench.lmcache_probe import environ, lmcache_env, lmcache_unavailable
 from miniflex.errors import ConfigError
 
@@ -268,7 +269,7 @@ def parse_configs(text: str) -> list[EngineConfig]:
 def base_name(name: str) -> str:
     """The built-in configuration a ``--configs`` name starts from, without its ``+``
     settings and ``#N`` repeat (``miniflex-ssd+store=false#2`` -> ``miniflex-ssd``)."""
-    return name.partition("#")[0].partition("+")[0]
+    return configuration(name).partition("+")[0]
 
 
 def _config(text: str) -> EngineConfig:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 
 __all__ = ["DecodeCase", "DecodeWorkload"]
@@ -55,6 +56,8 @@ DEFAULT_CASES = (DecodeCase(32, 512, 256), DecodeCase(2, 12000, 256))
 class DecodeWorkload(Workload):
     name: ClassVar[str] = "decode"
     title: ClassVar[str] = "Decode throughput with no reuse (batches sent at once)"
+    row_cases = ("case",)
+    row_measures = (Measure("out_tok_s", True),)
 
     prompts: PromptMaker
     cases: tuple[DecodeCase, ...] = DEFAULT_CASES

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, mean, percentile
 
@@ -48,6 +49,8 @@ def class_row(config: str, label: str, ss: list[Sample], makespan_s: float) -> d
 class MixedWorkload(Workload):
     name: ClassVar[str] = "mixed"
     title: ClassVar[str] = "Mixed traffic: long requests on shared prefixes among short ones"
+    row_cases = ("class",)
+    row_measures = (Measure("ttft_p50_ms"), Measure("ttft_p99_ms"), Measure("tok_per_s", True))
 
     prompts: PromptMaker
     prefixes: int = 4

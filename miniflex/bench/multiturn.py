@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 
 __all__ = ["MultiturnWorkload"]
@@ -41,6 +42,8 @@ CONFIG_OF = {
 class MultiturnWorkload(Workload):
     name: ClassVar[str] = "multiturn"
     title: ClassVar[str] = "Next turn of a conversation whose history vLLM evicted"
+    row_cases = ("prefix_tokens", "new_tokens")
+    row_measures = (Measure("turn2_ms"), Measure("turn1_ms"))
 
     prompts: PromptMaker
     prefix_tokens: int = 20000

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from miniflex.bench.bandwidth import kv_copy_ms
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample, mean
 
@@ -39,6 +40,8 @@ FLAT_TARGET = 1.3  # worst TTFT past capacity / TTFT within it
 class OverflowWorkload(Workload):
     name: ClassVar[str] = "overflow"
     title: ClassVar[str] = "Working set vs vLLM's KV capacity, prompts sent round-robin"
+    row_cases = ("ratio",)
+    row_measures = (Measure("ttft_p50_ms"), Measure("miss_pct"))
 
     prompts: PromptMaker
     prompt_tokens: int = 4096

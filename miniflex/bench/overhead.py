@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Arrival, Driver, taken_ms
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import mean, percentile
 
@@ -37,6 +38,8 @@ TARGET_PCT = 2.0
 class OverheadWorkload(Workload):
     name: ClassVar[str] = "overhead"
     title: ClassVar[str] = "Connector overhead with no reuse (unique prompts)"
+    row_cases = ("batch",)
+    row_measures = (Measure("tok_per_s_median", True), Measure("serial_ttft_p50_ms"))
 
     prompts: PromptMaker
     batch_prompts: int = 32

@@ -21,6 +21,7 @@ from typing import Any
 from miniflex.bench.base import Log, Workload
 from miniflex.bench.configs import LMCACHE_NOT_RUN
 from miniflex.bench.driver import Driver
+from miniflex.bench.engines import between_engines
 from miniflex.bench.plot import save_plot
 from miniflex.bench.report import format_table, write_json
 
@@ -105,12 +106,22 @@ def _finish(
     print(format_table(res.rows))
     for line in payload["summary"].get("lines", []):
         print(line)
+    if payload["engines"]:
+        print(f"\n== {w.name}: {_ENGINES}")
+        print(format_table(payload["engines"]))
     for name, why in {**res.skipped, **res.failed}.items():
         print(f"{name}: {why.splitlines()[0]}")
     print(f"JSON written to {outputs.json_for(w.name)}")
     if res.rows:
         draw = functools.partial(w.draw, rows=payload["rows"], summary=payload["summary"])
         print(save_plot(outputs.png_for(w.name), draw))
+
+
+_ENGINES = (
+    "configurations on more than one engine (NAME#2): mean over each one's engines, "
+    "spread_x = its slowest engine / its fastest, vs_first = against the first "
+    "configuration (above 1: better)"
+)
 
 
 def _run_candidate(
@@ -167,6 +178,7 @@ def _write(
         "skipped": res.skipped,
         "failed": res.failed,
         "left_out": _left_out(res),
+        "engines": between_engines(res.rows, w.row_cases, w.row_measures),
         "samples": res.samples,
     }
     write_json(outputs.json_for(w.name), payload)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from miniflex.bench.bandwidth import kv_copy_ms
 from miniflex.bench.base import WARMUP_TOKENS, Log, Workload
 from miniflex.bench.driver import Driver
+from miniflex.bench.engines import Measure
 from miniflex.bench.model import PromptMaker
 from miniflex.bench.samples import Sample
 
@@ -39,6 +40,8 @@ __all__ = ["TTFTWorkload"]
 class TTFTWorkload(Workload):
     name: ClassVar[str] = "ttft"
     title: ClassVar[str] = "TTFT: cold, vLLM prefix-cache hit, and after vLLM evicted the prompt"
+    row_cases = ("prompt_tokens",)
+    row_measures = (Measure("evicted_ms"), Measure("gpu_hit_ms"), Measure("cold_ms"))
 
     prompts: PromptMaker
     prompt_tokens: tuple[int, ...] = (1024, 8192, 30000)

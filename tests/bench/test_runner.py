@@ -83,8 +83,10 @@ def test_every_workload_writes_json_rows_per_config_and_a_plot(results, workload
         "skipped",
         "failed",
         "left_out",
+        "engines",
         "samples",
     } <= payload.keys()
+    assert payload["engines"] == []  # every configuration ran on one engine
     assert {r["config"] for r in payload["rows"]} == {"apc", "miniflex-cpu"}
     assert set(payload["samples"]) == {"apc", "miniflex-cpu"}
     assert payload["skipped"] == {"native": "skipped: needs CUDA"}
