@@ -230,7 +230,9 @@ SPECS: dict[str, Spec] = {
         "evicted chunks are written to SSD once reading one back takes at most half of "
         "recomputing the costliest chunk, and no longer once it takes more than 0.8 of it "
         "(averaged over 20 s; one probe write every 10 s while off; declined ones counted in "
-        "`demotions_declined`). `auto`: measured at start-up (each worker reads back up to "
+        "`demotions_declined`). Before the prefill model is fitted, nothing is written if a "
+        "read takes more than 0.8 of a chunk's recompute at the mean seconds per token of "
+        "the prefill steps seen. `auto`: measured at start-up (each worker reads back up to "
         "256 MiB from a scratch file beside its store), then learned from reads.",
         "auto",
     ),

@@ -72,6 +72,11 @@ class EngineCosts:
             return None
         return self._cost.chunk_recompute_seconds(self._max_model_len)
 
+    def rough_recompute_seconds(self) -> float | None:
+        """Before the fit: the mean seconds per token of the prefill steps seen, for one
+        chunk (None: fitted, or no prefill step seen). It only holds SSD writes back."""
+        return None if self._cost.calibrated else self._cost.chunk_recompute_seconds()
+
     def ssd_chunk_seconds(self) -> float | None:
         return self._cost.ssd_chunk_seconds()
 

@@ -23,11 +23,19 @@ fewer tokens served from cache than with no SSD tier at all).
 
 The disk's speed is the cost model's SSD read bandwidth once it is measured:
 by the workers' start-up read probe (:mod:`miniflex.ssd.read_probe`), given as
-``ssd_read_gbps``, or seen in real reads. Its default guess is never used here,
-and before a measurement, or before the prefill model is fitted (the engine's
-costs say None until then), everything is admitted; the first decision is made
-on fitted figures. While admission is off, one chunk is still written
-every ``PROBE_EVERY_S``. Each switch is logged with the ratio.
+``ssd_read_gbps``, or seen in real reads. Its default guess is never used here.
+The first decision is made on fitted figures. Before the prefill model is fitted
+(the engine's costs say None until then), a rough figure can only hold writes
+back: the mean seconds per token of the prefill steps seen, which counts each
+step's fixed cost as its tokens' and so prices recompute high, makes a slow disk
+look fast (on the H200 burst it put a chunk's read at 0.42 of its recompute where
+the fit then said 0.81). If a read takes more than ``OFF_RATIO`` of even that
+figure, nothing is written before the fit; otherwise, and before the disk is
+measured, everything is admitted. Long prompts reach the fit late (it needs
+eight prefill steps; a 20,000-token conversation gives three), and without the
+rough figure write-back went on until then however slow the disk. While
+admission is off, one chunk is still written every ``PROBE_EVERY_S``. Each
+switch is logged with the ratio.
 
 Example::
 
@@ -64,11 +72,16 @@ class SSDAdmission:
         read_seconds: Callable[[], float | None],
         recompute_seconds: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
+        rough_recompute_seconds: Callable[[], float | None] | None = None,
     ) -> None:
         """``read_seconds()``: predicted seconds to load one chunk from SSD (None: unknown);
-        ``recompute_seconds()``: seconds to recompute the costliest chunk (None: unknown)."""
+        ``recompute_seconds()``: seconds to recompute the costliest chunk (None: unknown);
+        ``rough_recompute_seconds()``: before that is known, a figure that prices it high
+        (None: none either), which can only hold writes back."""
         self._read_seconds = read_seconds
         self._recompute_seconds = recompute_seconds
+        self._rough_seconds = rough_recompute_seconds or (lambda: None)
+        self._rough_off = False  # the rough figure holds writes back (logged when it starts)
         self._clock = clock
         self._last_probe: float | None = None
         self.declined = 0
@@ -82,14 +95,15 @@ class SSDAdmission:
 
     @property
     def pays_off(self) -> bool:
-        """Whether SSD hits are predicted to pay for the write-back: True until both speeds
-        are known; then on while a chunk's read takes at most :data:`ON_RATIO` of its
+        """Whether SSD hits are predicted to pay for the write-back: until both speeds are
+        known, True unless a read takes more than :data:`OFF_RATIO` of even the rough
+        recompute figure; then on while a chunk's read takes at most :data:`ON_RATIO` of its
         recompute, off past :data:`OFF_RATIO`, unchanged in between. The ratio is averaged
         over :data:`SMOOTH_S`, because the recompute figure moves with every refit of the
         prefill model (on the CPU proxy, 1.5-3.6 ms from one refit to the next)."""
         ratio = self._update_ratio()
         if ratio is None:
-            return True
+            return not self._rough_holds_back()
         if self._on is None:
             self._switch(ratio <= ON_RATIO, ratio, first=True)
         elif self._on and ratio > OFF_RATIO:
@@ -110,6 +124,21 @@ class SSDAdmission:
             return True
         self.declined += 1
         return False
+
+    def _rough_holds_back(self) -> bool:
+        """Before a decision: whether a read takes more than :data:`OFF_RATIO` of even the
+        rough recompute figure (nothing is decided on it; the fitted figures decide)."""
+        read, rough = self._read_seconds(), self._rough_seconds()
+        ratio = read / rough if read is not None and rough is not None and rough > 0 else 0.0
+        off = ratio > OFF_RATIO
+        if off and not self._rough_off:
+            logger.info(
+                "SSD admission off until the prefill model is fitted: a chunk reads in %.2f "
+                "of its recompute by the rough figure, which prices recompute high",
+                ratio,
+            )
+        self._rough_off = off
+        return off
 
     def _update_ratio(self) -> float | None:
         """The averaged read/recompute ratio (None: a speed not known yet). Each ratio seen

@@ -68,6 +68,10 @@ class WriteBackCosts(Protocol):
     def costliest_recompute_seconds(self) -> float | None:
         """Seconds to recompute the costliest chunk the engine computes (None: not known)."""
 
+    def rough_recompute_seconds(self) -> float | None:
+        """Until that is known: a rough figure for it that prices recompute high (None: none
+        either); see :mod:`miniflex.tiers.admission`."""
+
     def ssd_chunk_seconds(self) -> float | None:
         """Seconds to read one chunk from SSD, as measured (None: not measured yet)."""
 
@@ -79,6 +83,7 @@ class FixedCosts:
     wait_budget: float = WRITE_WAIT_S
     recompute: float | None = None
     costliest: float | None = None
+    rough: float | None = None
     ssd_read: float | None = None
 
     def write_wait_budget(self) -> float:
@@ -89,6 +94,9 @@ class FixedCosts:
 
     def costliest_recompute_seconds(self) -> float | None:
         return self.costliest
+
+    def rough_recompute_seconds(self) -> float | None:
+        return self.rough
 
     def ssd_chunk_seconds(self) -> float | None:
         return self.ssd_read
@@ -119,7 +127,12 @@ class WriteBack:
         self._clock = clock
         self._on_cpu_evict = on_cpu_evict
         self.admission = (
-            SSDAdmission(costs.ssd_chunk_seconds, costs.costliest_recompute_seconds, clock)
+            SSDAdmission(
+                costs.ssd_chunk_seconds,
+                costs.costliest_recompute_seconds,
+                clock,
+                costs.rough_recompute_seconds,
+            )
             if ssd is not None
             else None
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from miniflex.tiers import TierStack
 from miniflex.tiers.admission import OFF_RATIO, ON_RATIO, PROBE_EVERY_S, SMOOTH_S, SSDAdmission
 from miniflex.tiers.writeback import WRITE_WAIT_S
@@ -20,11 +22,15 @@ class Disk:
     """Predicted seconds to read a chunk from SSD and to recompute the costliest one, changed
     by tests; the write-back costs (:class:`~miniflex.tiers.writeback.WriteBackCosts`)."""
 
-    def __init__(self, read: float | None, recompute: float | None) -> None:
-        self.read, self.recompute, self.now = read, recompute, 0.0
+    def __init__(
+        self, read: float | None, recompute: float | None, rough: float | None = None
+    ) -> None:
+        self.read, self.recompute, self.rough, self.now = read, recompute, rough, 0.0
 
     def admission(self) -> SSDAdmission:
-        return SSDAdmission(lambda: self.read, lambda: self.recompute, lambda: self.now)
+        return SSDAdmission(
+            lambda: self.read, lambda: self.recompute, lambda: self.now, lambda: self.rough
+        )
 
     def stack(self, **kwargs: object) -> TierStack:
         return TierStack(clock=lambda: self.now, costs=self, **kwargs)  # type: ignore[arg-type]
@@ -37,6 +43,9 @@ class Disk:
 
     def costliest_recompute_seconds(self) -> float | None:
         return self.recompute
+
+    def rough_recompute_seconds(self) -> float | None:
+        return self.rough
 
     def ssd_chunk_seconds(self) -> float | None:
         return self.read
@@ -57,6 +66,21 @@ def test_a_disk_barely_faster_than_recompute_is_not_written_to() -> None:
     a = disk.admission()
     assert not a.pays_off and a.admits()  # the probe write only
     assert not a.admits() and a.declined == 1
+
+
+def test_before_the_fit_a_rough_figure_can_hold_writes_back_but_decides_nothing() -> None:
+    disk = Disk(read=0.007, recompute=None, rough=0.005)  # a read: 1.4 of even the rough figure
+    a = disk.admission()
+    assert not a.pays_off
+    assert a.admits() and not a.admits() and a.declined == 1  # the probe write only
+    disk.rough = 0.020  # 0.35 of a figure that prices recompute high: that proves nothing
+    assert a.pays_off and a.admits()
+    disk.rough = 0.005
+    assert not a.pays_off and a.switches == 0
+    disk.recompute = 0.020  # fitted: a read takes 0.35 of the recompute, the first decision
+    assert a.pays_off and a.switches == 0
+    disk.rough = 0.001  # no longer asked once the fit is known
+    assert a.pays_off
 
 
 def test_a_recompute_figure_that_swings_between_refits_does_not_flip_admission() -> None:
@@ -130,6 +154,18 @@ def test_over_a_slow_disk_the_cpu_tier_keeps_every_slot_and_evicts_without_writi
     assert stack.match([k(0)]) == 1 and stack.cpu.free_slots == 1  # on SSD; its slot free
 
 
+@pytest.mark.parametrize("rough", [None, 0.020, 0.003])
+def test_before_the_fit_only_a_rough_figure_past_the_line_keeps_every_cpu_slot(rough) -> None:
+    disk = Disk(read=0.007, recompute=None, rough=rough)
+    stack = disk.stack(cpu_slots=4, ssd_slots=16, max_writeback=2)
+    for i in range(4):
+        store(stack, [k(i)])
+    held_back = rough == 0.003  # a read takes 2.3 of it
+    assert stack.max_load_chunks == (4 if held_back else 2)
+    written_ahead = [c.key for c in stack.writeback.take_demotions()]
+    assert written_ahead == ([] if held_back else [k(0), k(1)])
+
+
 def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     disk = Disk(read=0.007, recompute=0.003)
     stack = disk.stack(cpu_slots=4, ssd_slots=16, max_writeback=2)
@@ -157,9 +193,11 @@ def test_the_engine_prices_the_costliest_recompute_only_once_the_prefill_model_i
     cost.observe_step(8192, 8192 * 4096.0, 0.25)  # one prefill step: a rough figure exists
     assert cost.chunk_recompute_seconds(32768) is not None
     assert costs.costliest_recompute_seconds() is None
+    assert costs.rough_recompute_seconds() == pytest.approx(0.25 / 8192 * 64)  # held back on
     for i in range(MIN_STEPS + 1):
         n = 2048 * (1 + i % 4)
         cost.observe_step(n, n * n / 2.0, 0.005 + n * 2.5e-5 + n * n / 2.0 * 1e-10)
     assert cost.calibrated
     fitted = costs.costliest_recompute_seconds()
     assert fitted is not None and fitted == cost.chunk_recompute_seconds(32768)
+    assert costs.rough_recompute_seconds() is None
