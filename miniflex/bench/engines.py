@@ -50,40 +50,38 @@ def between_engines(
     A row that lacks a case column or has no value for a measure is left out of that
     measure (a failed engine, a measure this connector cannot report).
     """
-    engines: dict[str, set[str]] = {}
-    for r in rows:
-        engines.setdefault(configuration(r["config"]), set()).add(r["config"])
-    if not measures or max((len(e) for e in engines.values()), default=0) < 2:
-        return []
-    first = next(iter(engines))
+    configs = list(dict.fromkeys(configuration(r["config"]) for r in rows))
+    if not measures or len(configs) == len({r["config"] for r in rows}):
+        return []  # every configuration ran on one engine
     values = _values(rows, cases, measures)
-    out = []
-    for (config, case, m), vals in sorted(values.items(), key=_order(values)):
-        mean = statistics.fmean(vals)
-        ref = values.get((first, case, m))
-        out.append(
-            {
-                "config": config,
-                **dict(zip(cases, case, strict=True)),
-                "measure": m.column,
-                "engines": len(vals),
-                "mean": round(mean, 2),
-                "spread_x": round(max(vals) / min(vals), 3) if min(vals) > 0 else None,
-                "vs_first": _ratio(
-                    mean, statistics.fmean(ref) if ref else None, m.higher_is_better
-                ),
-            }
-        )
+    in_order = dict.fromkeys(key[1] for key in values)  # cases, in order of appearance
+    out: list[dict[str, Any]] = []
+    for m in measures:
+        for case in in_order:
+            named = dict(zip(cases, case, strict=True))
+            ref = values.get((configs[0], case, m))
+            out += [
+                _entry(config, named, m, values[(config, case, m)], ref)
+                for config in configs
+                if (config, case, m) in values
+            ]
     return out
 
 
-def _order(values: dict[tuple[str, tuple[Any, ...], Measure], list[float]]) -> Any:
-    """Sort key: by measure, then case, then configuration, each in order of appearance."""
-    seen: dict[Any, int] = {}
-    for key in values:
-        for part in ((0, key[2]), (1, key[1]), (2, key[0])):
-            seen.setdefault(part, len(seen))
-    return lambda item: (seen[(0, item[0][2])], seen[(1, item[0][1])], seen[(2, item[0][0])])
+def _entry(
+    config: str, case: dict[str, Any], m: Measure, vals: list[float], ref: list[float] | None
+) -> dict[str, Any]:
+    """One configuration's row: its engines' ``vals``, against the first one's ``ref``."""
+    mean = statistics.fmean(vals)
+    return {
+        "config": config,
+        **case,
+        "measure": m.column,
+        "engines": len(vals),
+        "mean": round(mean, 2),
+        "spread_x": round(max(vals) / min(vals), 3) if min(vals) > 0 else None,
+        "vs_first": _ratio(mean, statistics.fmean(ref) if ref else None, m.higher_is_better),
+    }
 
 
 def _values(
