@@ -74,6 +74,7 @@ class MiniFlexConfig:
     ssd_bytes: int = field(default=_SPECS["ssd_bytes"].default)
     ssd_write: str = field(default=_SPECS["ssd_write"].default)
     ssd_write_backlog: int | None = field(default=_SPECS["ssd_write_backlog"].default)
+    ssd_stream_bytes: int = field(default=_SPECS["ssd_stream_bytes"].default)
     ssd_eviction: str = field(default=_SPECS["ssd_eviction"].default)
     ssd_io: str = field(default=_SPECS["ssd_io"].default)
     hit_policy: str = field(default=_SPECS["hit_policy"].default)

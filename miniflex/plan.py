@@ -35,7 +35,7 @@ JobId = NewType("JobId", int)
 
 
 class JobKind(enum.Enum):
-    LOAD = "load"  # (SSD slot -> CPU slot, then) CPU slot -> vLLM blocks
+    LOAD = "load"  # (SSD slot -> CPU or staging slot, then) that slot -> vLLM blocks
     STORE = "store"  # vLLM blocks -> CPU slot
     DEMOTE = "demote"  # CPU slot -> SSD slot
     CLEAR = "clear"  # forget every chunk of the SSD store (a cache reset)
@@ -124,6 +124,12 @@ class TransferJob:
     remote: tuple[RemoteCopy, ...] = ()
     """LOAD: fetches from the remote store, done first (with the promotions); STORE, DEMOTE:
     puts after (see :attr:`puts`)."""
+    streams: tuple[SlotCopy, ...] = ()
+    """LOAD: SSD reads into the worker's staging slots (``cpu``: slot numbers past the CPU
+    tier's, reused in turn), after the promotions; each chunk's GPU copy starts as soon as
+    it has arrived, and its staging slot is read into again only once that copy is done.
+    ``streams[i]`` is the chunk of the ``i``-th :class:`ChunkMove` whose slot is a staging
+    slot, in token order."""
 
     @property
     def reads(self) -> tuple[SlotCopy | RemoteCopy, ...]:
@@ -139,8 +145,8 @@ class TransferJob:
 
     @property
     def touches_ssd(self) -> bool:
-        """Whether the job reads from SSD (promotions) or writes to it (demotions)."""
-        return bool(self.promotions or self.demotions)
+        """Whether the job reads from SSD (promotions, streams) or writes to it (demotions)."""
+        return bool(self.promotions or self.demotions or self.streams)
 
     @property
     def synchronous(self) -> bool:
@@ -193,7 +199,8 @@ class JobResult:
     io: str = ""
     """The SSD I/O backend (``io_uring``, ``threads``) if the job touched SSD."""
     ssd_seconds: float = 0.0
-    """LOAD: the part of ``seconds`` spent reading promotions from SSD."""
+    """LOAD: the part of ``seconds`` spent reading from SSD (promotions and streams: a
+    streamed load's ``seconds`` is its reads plus its copies, as if they had not overlapped)."""
     remote_seconds: float = 0.0
     """LOAD: the part of ``seconds`` spent fetching chunks from the remote store."""
 

@@ -37,6 +37,7 @@ class TransferStats:
     demote_bytes: int = 0
     demote_seconds: float = 0.0
     promoted_chunks: int = 0  # read SSD -> CPU for a load
+    streamed_chunks: int = 0  # read SSD -> a staging slot for a load, past the CPU tier
     demoted_chunks: int = 0  # written CPU -> SSD (write-back or write-through)
     demotions_skipped: int = 0  # evicted from CPU unwritten: ssd_write_backlog was full
     demotions_declined: int = 0  # evicted from CPU unwritten: the disk is slower than recompute
@@ -70,6 +71,7 @@ class TransferStats:
         "demote_bytes",
         "demote_seconds",
         "promoted_chunks",
+        "streamed_chunks",
         "demoted_chunks",
         "demotions_skipped",
         "demotions_declined",

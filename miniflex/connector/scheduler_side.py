@@ -14,6 +14,7 @@ from miniflex.config import MiniFlexConfig, hash_seed_set
 from miniflex.connector import compat
 from miniflex.keys import Namespace
 from miniflex.layout import KVGeometry
+from miniflex.pool import stream_slots
 from miniflex.ranks import TPPlacement
 from miniflex.remote import tier as remote_tier
 from miniflex.scheduler import ssd_tier
@@ -55,6 +56,7 @@ def start_manager(
         compat.graph_rule(vllm_config),
         compat.max_model_len(vllm_config),
         remote,
+        stream_slots(config, geometry.slot_bytes, placement),
     )
     recovered = ssd_tier.seed(manager, config, geometry, ns, placement)
     if (ssd_slots or remote) and not compat.block_hashes_reproducible(hash_seed_set()):

@@ -114,6 +114,7 @@ class LoadRecord(JobRecord):
         bs, bpc = ns.block_size, ns.blocks_per_chunk
         b0, b1 = load.first_token // bs, (load.first_token + load.num_tokens) // bs
         chunks: list[ChunkMove] = []
+        streams: list[SlotCopy] = []  # one per staging-slot ChunkMove, in the same order
         unavailable: list[BlockId] = []
         block_tiers: list[Tier] = []
         for b in range(b0, b1):
@@ -128,9 +129,16 @@ class LoadRecord(JobRecord):
                 chunks[-1] = ChunkMove(prev.slot, (*prev.block_ids, st.block_ids[b]), prev.first)
             else:
                 chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
-        promotions = tuple(SlotCopy(s.key, s.cpu, s.ssd) for s in load.sources if s.ssd is not None)
+                if src.streamed:
+                    assert src.ssd is not None
+                    streams.append(SlotCopy(src.key, src.cpu, src.ssd))
+        promotions = tuple(
+            SlotCopy(s.key, s.cpu, s.ssd)
+            for s in load.sources
+            if s.ssd is not None and not s.streamed
+        )
         fetches = tuple(RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote)
-        reads = promotions or fetches
+        reads = promotions or fetches or streams
         assert not (reads and load.timing is not LoadTiming.ASYNC), "SSD, remote reads load async"
         job = TransferJob(
             job_id,
@@ -141,6 +149,7 @@ class LoadRecord(JobRecord):
             promotions=promotions,
             timing=load.timing,
             remote=fetches,
+            streams=tuple(streams),
         )
         return cls(job, num_workers, sources=list(load.sources), block_tiers=block_tiers)
 
@@ -185,7 +194,10 @@ class LoadRecord(JobRecord):
         """Count the chunks read from SSD and fetched from the remote store, and the failures."""
         for s in self.sources:
             bad = s.key in self.failed_keys
-            if s.ssd is not None:
+            if s.streamed:
+                ctx.stats.ssd_read_failures += bad
+                ctx.stats.streamed_chunks += not bad
+            elif s.ssd is not None:
                 ctx.stats.ssd_read_failures += bad
                 ctx.stats.promoted_chunks += not bad
             elif s.remote:

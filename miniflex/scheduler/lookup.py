@@ -116,8 +116,8 @@ class HitLookup:
             tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
             matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
-        if any(t is not Tier.CPU for t in tiers):  # a load stages its chunks in CPU slots
-            tiers = tiers[: self.tiers.max_load_chunks]
+        if Tier.REMOTE in tiers or (Tier.SSD in tiers and not self.tiers.stream_slots):
+            tiers = tiers[: self.tiers.max_load_chunks]  # every read lands in a CPU slot
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:
             slow = self.tiers.ssd is not None or self.remote is not None

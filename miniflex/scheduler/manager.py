@@ -72,12 +72,15 @@ class MiniFlexManager:
         graphs: GraphRule = EAGER,
         max_model_len: int = 0,
         remote: RemoteLookup | None = None,
+        stream_slots: int = 0,
     ) -> None:
         """``chunk_bytes``: KV bytes of one chunk on one rank (for the cost model);
         ``step_tokens``: vLLM's ``max_num_batched_tokens`` (sizes the write-back; 0: unknown);
         ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them);
         ``max_model_len``: the longest prompt (its last chunk costs most to recompute);
-        ``remote``: the remote tier's lookup (None: no ``remote_url``)."""
+        ``remote``: the remote tier's lookup (None: no ``remote_url``); ``stream_slots``: the
+        workers' staging slots for SSD reads past the CPU tier
+        (:func:`miniflex.pool.stream_slots`)."""
         self.config = config
         self.ns = ns
         self.graphs = graphs
@@ -96,6 +99,7 @@ class MiniFlexManager:
             step_tokens,
             max_model_len,
             on_cpu_evict=self.puts.evicted if self.puts.mode == "back" else None,
+            stream_slots=stream_slots,
         )
         self._lookup = HitLookup(
             ns, self.tiers, self.advisor, self.cost, graphs, config.load_mode, remote

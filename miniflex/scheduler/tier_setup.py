@@ -25,12 +25,14 @@ def build_tiers(
     step_tokens: int,
     max_model_len: int,
     on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+    stream_slots: int = 0,
 ) -> TierStack:
     """The CPU tier of ``num_slots`` over an SSD tier of ``ssd_slots`` (0: none).
     ``step_tokens``: vLLM's ``max_num_batched_tokens`` (0: unknown); ``max_model_len``:
     the longest prompt (its last chunk costs most to recompute); ``on_cpu_evict``: told of
     every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
-    :mod:`miniflex.scheduler.remote_puts`)."""
+    :mod:`miniflex.scheduler.remote_puts`); ``stream_slots``: the workers' staging slots
+    for SSD reads past the CPU tier (0: none)."""
     step_chunks = -(-step_tokens // ns.chunk_tokens)
     with_ssd = ssd_slots > 0 and cost.chunk_bytes > 0
     return TierStack(
@@ -44,6 +46,7 @@ def build_tiers(
         on_cpu_evict=on_cpu_evict,
         # until writes are seen: as fast as reads
         write_seconds=cost.chunk_bytes / cost.bandwidth[Tier.SSD] if with_ssd else None,
+        stream_slots=stream_slots if ssd_slots > 0 else 0,
     )
 
 

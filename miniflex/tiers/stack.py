@@ -6,7 +6,11 @@ It decides where every chunk goes and never touches bytes:
   between CPU and SSD (a few compiled ``match`` calls, one per run).
 * **Load** (:meth:`TierStack.acquire`): CPU chunks are pinned; an SSD-only chunk
   gets a fresh CPU slot (it is *promoted*: read SSD->CPU, then copied to the
-  GPU) and its SSD slot is pinned for the read.
+  GPU) and its SSD slot is pinned for the read. Once the load holds as many CPU
+  slots as the tier can spare (:attr:`TierStack.max_load_chunks`), or none can
+  be freed, the rest of its SSD chunks are *streamed*: read into the worker's
+  staging slots (numbered after the CPU tier's, reused in turn) and copied to
+  the GPU from there, never entering the CPU tier.
 * **Demotion** (write-back) of the chunks the CPU tier evicts, and **admission**
   to SSD: :class:`~miniflex.tiers.writeback.WriteBack` (``stack.writeback``).
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
@@ -46,6 +50,9 @@ class ChunkSource:
     cpu: SlotId
     ssd: SlotId | None = None
     remote: bool = False
+    streamed: bool = False
+    """``cpu`` is a staging slot: the chunk is read from ``ssd`` and copied to the GPU from
+    there, never published in the CPU tier."""
 
     @property
     def tier(self) -> Tier:
@@ -70,13 +77,18 @@ class TierStack:
         costs: WriteBackCosts | None = None,
         on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
         write_seconds: float | None = None,
+        stream_slots: int = 0,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions; ``costs``:
         what write-back and admission ask of the cost model (None: :class:`FixedCosts`,
         nothing known); ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU,
         while its slot still holds it (the remote tier's write-back); ``write_seconds``:
-        a chunk's write until writes are seen (None: unknown)."""
+        a chunk's write until writes are seen (None: unknown); ``stream_slots``: the
+        workers' staging slots for streamed SSD reads (0: none, loads are capped at
+        :attr:`max_load_chunks`)."""
+        assert stream_slots == 0 or stream_slots >= 2, "a ring of one slot cannot overlap"
+        self.stream_slots = stream_slots
         self.ssd = SlotTier(Tier.SSD, ssd_slots, ssd_policy) if ssd_slots > 0 else None
         self.writeback = WriteBack(
             self.ssd,
@@ -136,8 +148,10 @@ class TierStack:
 
         Every chunk is pinned in its tier first, so promoting an SSD chunk
         (which may evict from CPU, and demoting that may evict from SSD) never
-        evicts a chunk of the same load. A promotion that finds no free CPU
-        slot (all pinned) ends the load there.
+        evicts a chunk of the same load. An SSD chunk is promoted while a CPU
+        slot can be freed (with staging slots, only while the load holds fewer
+        than :attr:`max_load_chunks`); after that it is streamed through the
+        staging slots or, with none, the load ends there.
         """
         where = self.residence(keys)
         keys = list(keys)[: len(where)]
@@ -151,18 +165,26 @@ class TierStack:
             if tier in where
         }
         out: list[ChunkSource] = []
+        held, streamed = where.count(Tier.CPU), 0  # CPU slots this load pins; staging slots
         for i, (key, tier) in enumerate(zip(keys, where, strict=True)):
             slot = next(pinned[tier])
             if tier is Tier.CPU:
                 out.append(ChunkSource(key, slot))
                 continue
-            placed = self.cpu.prepare_store([key])
-            if not placed:
+            spare = held < self.max_load_chunks or not self.stream_slots
+            placed = self.cpu.prepare_store([key]) if spare else []
+            if placed:
+                held += 1
+                out.append(ChunkSource(key, placed[0][1], slot))
+            elif self.stream_slots:
+                staging = SlotId(self.cpu.num_slots + streamed % self.stream_slots)
+                streamed += 1
+                out.append(ChunkSource(key, staging, slot, streamed=True))
+            else:
                 self.ssd.complete_load([slot], ok=True)  # type: ignore[union-attr]
                 for t in where[i + 1 :]:  # unpin the rest
                     self._tier(t).complete_load([next(pinned[t])], ok=True)
                 break
-            out.append(ChunkSource(key, placed[0][1], slot))
         self.writeback.write_ahead()
         return out
 
@@ -185,7 +207,8 @@ class TierStack:
             assert self.ssd is not None
             read_ok = src.key not in bad_keys
             self.ssd.complete_load([src.ssd], read_ok)  # a corrupt chunk is dropped for good
-            self.cpu.complete_store([(src.key, src.cpu)], ok and read_ok)
+            if not src.streamed:
+                self.cpu.complete_store([(src.key, src.cpu)], ok and read_ok)
 
     def cancel(self, sources: Sequence[ChunkSource]) -> None:
         """Undo :meth:`acquire` for a load never sent: unpin; promotion slots are freed unread."""
@@ -197,12 +220,14 @@ class TierStack:
             else:
                 assert self.ssd is not None
                 self.ssd.complete_load([src.ssd], ok=True)
-                self.cpu.complete_store([(src.key, src.cpu)], ok=False)
+                if not src.streamed:
+                    self.cpu.complete_store([(src.key, src.cpu)], ok=False)
 
     @property
     def max_load_chunks(self) -> int:
-        """The longest load that fits the CPU tier at once: every chunk of a load sits in a
-        CPU slot (promoted ones too), and up to ``max_writeback`` slots may be being written."""
+        """The CPU slots one load may hold at once (its CPU chunks and promotions): the tier,
+        less the ``max_writeback`` slots that may be being written. Without staging slots it
+        is the longest load that reads from SSD; with them, SSD chunks past it stream."""
         if not self.writeback.reserves_slots:
             return self.cpu.num_slots
         return max(1, self.cpu.num_slots - self.writeback.max_writeback)

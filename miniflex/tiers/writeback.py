@@ -21,11 +21,13 @@
   a prompt of half the CPU tier follows another: the previous store is still in
   flight, and the chunks evicted for room are not sent to the disk yet. With
   ``write_through`` every chunk stored on CPU is also queued for SSD (its CPU
-  slot pinned until written).
-* **Admission** (:mod:`miniflex.tiers.admission`): while the disk is known to be
-  slower than recomputing a chunk, evicted chunks are dropped, not written, and
-  nothing is written ahead or set aside for write-back: the CPU tier works as
-  if there were no SSD tier (chunks already on SSD are still found).
+  slot pinned until written), whatever admission says: the operator asked for
+  every chunk on disk (e.g. to keep it across restarts).
+* **Admission** (:mod:`miniflex.tiers.admission`, write-back only): while the
+  disk is known to be slower than recomputing a chunk, evicted chunks are
+  dropped, not written, and nothing is written ahead or set aside for
+  write-back: the CPU tier works as if there were no SSD tier (chunks already
+  on SSD are still found).
 
 :class:`WriteBack` is the policy, owned by the
 :class:`~miniflex.tiers.stack.TierStack` (``stack.writeback``); it asks the
@@ -133,9 +135,9 @@ class WriteBack:
                 clock,
                 costs.rough_recompute_seconds,
             )
-            if ssd is not None
+            if ssd is not None and not self.write_through
             else None
-        )
+        )  # write-through writes every chunk: nothing to decide
         self.cpu: SlotTier | None = None
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
@@ -219,13 +221,12 @@ class WriteBack:
 
     def stored(self, placed: Sequence[tuple[ChunkKey, SlotId]]) -> None:
         """Chunks just published in the CPU tier: with write-through, queue each for SSD
-        (its CPU slot pinned until written), as admission allows."""
+        (its CPU slot pinned until written). Admission is not asked: write-through is an
+        explicit setting (the default is write-back)."""
         if not self.write_through:
             return
         cpu = self._cpu
         for key, slot in placed:
-            if self.admission is not None and not self.admission.admits():
-                continue
             if cpu.slot_of(key) == slot and cpu.prepare_load([key]):
                 copy = self._to_ssd(key, slot)
                 if copy is None:

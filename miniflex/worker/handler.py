@@ -30,8 +30,10 @@ store. Four threads, each running its jobs in plan order:
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
   promotions reads them on the read thread first (once its slots are written
-  back, like a store), then queues its GPU copies. The store serializes a read
-  with the write job in progress, not with those queued behind it;
+  back, like a store), then queues its GPU copies; a load that streams SSD
+  chunks past the CPU tier queues them part by part as they arrive
+  (``streams.py``). The store serializes a read with the write job in
+  progress, not with those queued behind it;
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
   ``start_load_kv``, before the forward that reads them, and finished once that
   forward is issued (``step_loads.py``); they read only CPU slots whose chunk
@@ -77,6 +79,7 @@ from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
 from miniflex.worker.step_timer import StepTimer
 from miniflex.worker.store_batch import StoreBatch, execute_stores
+from miniflex.worker.streams import StagingRing, Streamer
 
 __all__ = ["MiniFlexHandler"]
 
@@ -121,6 +124,7 @@ class MiniFlexHandler:
         self._cpu = ThreadClock()
         self._writes = True  # False: a replicated cache's rank > 0 (rank 0 writes its chunks)
         self._promoter = Promoter(None, None, True)  # CPU seconds of the three threads' jobs
+        self._streamer = Streamer(None, StagingRing(0, 0), self._queue.put)
 
     def register(
         self,
@@ -139,6 +143,7 @@ class MiniFlexHandler:
         self.layout, self._pool, self._ssd = io.layout, io.pool, io.ssd
         self._mover, self._store_mover, self._promoter = io.mover, io.store_mover, io.promoter
         self._writes = setup.writes
+        self._streamer = Streamer(io.ssd, StagingRing(num_slots, io.staging), self._queue.put)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
@@ -154,9 +159,11 @@ class MiniFlexHandler:
             thread.start()
             self._threads.append(thread)
         logger.info(
-            "MiniFlex worker: %s layout, %d CPU slots of %d bytes (%.2f GiB%s), chunk %d tokens",
+            "MiniFlex worker: %s layout, %d CPU slots and %d staging slots of %d bytes "
+            "(%.2f GiB%s), chunk %d tokens",
             self.layout.name,
             num_slots,
+            io.staging,
             self._pool.slot_bytes,
             self._pool.nbytes / 2**30,
             ", pinned" if self._pinned else "",
@@ -211,7 +218,7 @@ class MiniFlexHandler:
                 self._guard.hold((c.cpu for c in job.demotions), fut)
                 self._guard.hold((c.cpu for c in job.remote), item.copied or fut)
                 self._ssd_queue.put(item)
-            elif job.reads:  # promotions, fetches: read into slots once written back, then copy
+            elif job.reads or job.streams:  # read into slots once written back, then copy
                 reads = {c.cpu for c in job.reads}
                 self._guard.after(reads, lambda i=item: self._read_queue.put(i))
             elif job.kind is JobKind.STORE:
@@ -279,7 +286,7 @@ class MiniFlexHandler:
                 assert self._store_mover is not None
                 for it, res in execute_stores(item, self._store_mover, self._writes):
                     self._report(it, res)
-            elif item.job.reads and item.promoted is None:
+            elif (item.job.reads or item.job.streams) and item.promoted is None:
                 self._promote(item)  # on the read thread
             else:
                 assert self._mover is not None
@@ -321,7 +328,10 @@ class MiniFlexHandler:
             io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
             fut.set_result(failed_result(job, exc, t0, io))
             return
-        self._queue.put(replace(item, promoted=promoted))
+        if job.streams:
+            self._streamer.run(item, promoted)
+        else:
+            self._queue.put(replace(item, promoted=promoted))
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:

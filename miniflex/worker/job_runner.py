@@ -81,7 +81,7 @@ def execute(
                 bad = {c.cpu for c in job.reads if c.key in failed_keys}
                 chunks = tuple(c for c in chunks if c.slot not in bad)
                 failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
-            moved = mover.load(chunks, after=fence)
+            moved = mover.load(chunks, after=fence) if chunks else 0
         elif job.kind is JobKind.DEMOTE and writes and job.demotions:
             failed_keys = _copier(ssd).demote(job.demotions)
             moved = (len(job.demotions) - len(failed_keys)) * _copier(ssd).store.slot_bytes

@@ -1,5 +1,6 @@
-"""What a worker rank opens when it binds to vLLM's KV tensors: the layout, the CPU pool,
-the SSD store, the movers and the reader of a load's promotions.
+"""What a worker rank opens when it binds to vLLM's KV tensors: the layout, the CPU pool
+(with the staging slots of streamed SSD reads after the CPU tier's), the SSD store, the
+movers and the reader of a load's promotions.
 
 :func:`open_rank_io` builds them in dependency order (the pool first: the SSD copier,
 the remote fetcher and both movers are bound to it) and hands them to the
@@ -20,7 +21,7 @@ from miniflex.config import MiniFlexConfig
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.registry import make_mover
 from miniflex.layout import KVLayout, layout_from_tensors
-from miniflex.pool import HostPool
+from miniflex.pool import HostPool, stream_slots
 from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
 from miniflex.shared_pool import SharedPool
@@ -43,6 +44,8 @@ class RankIO:
     store_mover: KVMover
     """Stores: the store thread's (``make_mover(..., stores_only=True)``)."""
     promoter: Promoter
+    staging: int = 0
+    """The pool's staging slots, after the CPU tier's (:func:`miniflex.pool.stream_slots`)."""
 
 
 def _open_pool(
@@ -71,7 +74,8 @@ def open_rank_io(
     ``remote``: the rank's remote tier, whose fetches land in the pool. If any of it
     fails, what was opened is closed again before the error propagates."""
     layout = layout_from_tensors(kv_caches, blocks_per_chunk, latent)
-    pool = _open_pool(config, layout.geometry.slot_bytes, num_slots, setup)
+    staging = stream_slots(config, layout.geometry.slot_bytes, setup.placement)
+    pool = _open_pool(config, layout.geometry.slot_bytes, num_slots + staging, setup)
     ssd = None
     try:
         if config.ssd_dirs and setup.writes:
@@ -87,6 +91,7 @@ def open_rank_io(
             mover=make_mover(config, layout, kv_caches, pool),
             store_mover=make_mover(config, layout, kv_caches, pool, stores_only=True),
             promoter=Promoter(ssd, shared, setup.writes, fetcher),
+            staging=staging if ssd is not None else 0,
         )
     except BaseException:  # what was opened is closed: the handler never saw it
         if ssd is not None:

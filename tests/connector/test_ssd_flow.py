@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 
 import pytest
+from vllm.v1.request import RequestStatus
 
+from miniflex.keys import chunk_key
 from miniflex.ssd.store import DATA_FILE, rank_dirs
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
@@ -158,13 +160,9 @@ def test_workers_report_forward_times_to_the_cost_model(tmp_path: Path, ssd: Pat
     h.worker.shutdown()
 
 
-def test_an_ssd_hit_longer_than_the_cpu_tier_is_promised_only_as_far_as_it_can_be_staged(
-    tmp_path: Path, ssd: Path
-) -> None:
-    """Promotions stage through CPU slots: with 5 of them, two of which write-back may hold,
-    a 5-chunk prompt on SSD loads 3 chunks, and vLLM is promised those 3 only (not 5, two of
-    which would fail and count in vLLM's cached tokens while being recomputed)."""
-    h = make_harness(
+def small_cpu_tier(tmp_path: Path, ssd: Path, **extra: object) -> Harness:
+    """A CPU tier of 5 slots, two of which write-back may hold: a load may hold 3 of them."""
+    return make_harness(
         tmp_path / "model",
         cpu_bytes=str(5 * SLOT),
         max_batched=2 * CHUNK,  # 2 chunks a step: write-back keeps up, each prompt is all kept
@@ -173,8 +171,18 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_is_promised_only_as_far_as_it_can_b
             "ssd_bytes": str(64 * SLOT),
             "ssd_write_backlog": str(2 * SLOT),
             "hit_policy": "load",
+            **extra,
         },
     )
+
+
+def test_without_staging_an_ssd_hit_is_promised_only_as_far_as_the_cpu_tier_holds_it(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """``ssd_stream_bytes=0``: every chunk read from SSD is promoted into a CPU slot, so a
+    5-chunk prompt on SSD loads 3 chunks, and vLLM is promised those 3 only (not 5, two of
+    which would fail and count in vLLM's cached tokens while being recomputed)."""
+    h = small_cpu_tier(tmp_path, ssd, ssd_stream_bytes="0")
     for i in range(3):
         h.cached_in_miniflex_only(f"w{i}", tokens(i))
     assert serve_again(h, "again", tokens(0)) == 3 * CHUNK
@@ -182,6 +190,134 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_is_promised_only_as_far_as_it_can_b
     params = h.params["again"]["miniflex"]
     assert params["hit_tokens"] == 3 * CHUNK
     assert params["resident_tokens_ssd"] == CHUNKS * CHUNK
+    h.worker.shutdown()
+
+
+@pytest.mark.parametrize("staging_slots", [2, 3, 64])
+def test_an_ssd_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots(
+    tmp_path: Path, ssd: Path, staging_slots: int
+) -> None:
+    """9-chunk prompts over a CPU tier of 5 slots: a load promotes the 3 chunks the tier can
+    spare and streams the other 6 through the staging slots (reused in turn: windows of 1
+    chunk with 2 or 3 slots), and every byte vLLM is given is the model's own. Nothing stays
+    pinned, and no staging slot stays held."""
+    long = 9
+    h = small_cpu_tier(tmp_path, ssd, ssd_stream_bytes=str(staging_slots * SLOT))
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i, long * CHUNK + 10))
+    assert serve_again(h, "again", tokens(0, long * CHUNK + 10)) == long * CHUNK
+    t = totals(h)
+    assert t["hit_tokens_ssd"] == long * CHUNK
+    assert (t["promoted_chunks"], t["streamed_chunks"]) == (3, long - 3)
+    manager = h.manager_side.manager
+    assert manager.cpu.usage().pinned_or_moving == 0
+    assert manager.ssd is not None and manager.ssd.usage().pinned_or_moving == 0
+    assert h.worker.handler._streamer._ring.idle()
+    h.worker.shutdown()
+
+
+def test_a_corrupt_streamed_chunk_is_recomputed_after_a_restart(tmp_path: Path, ssd: Path) -> None:
+    """After a restart, a 9-chunk prompt loads from SSD alone: 3 chunks promoted, the rest
+    streamed through 2 staging slots. One streamed chunk's bytes were damaged on disk: the
+    load stops there (vLLM recomputes from it on), and the staging slots and pins are all
+    given back; the recomputed chunks are stored again and served whole next time."""
+    long, bad = 9, 6
+    prompt = tokens(0, long * CHUNK + 10)
+    h = small_cpu_tier(tmp_path, ssd, ssd_stream_bytes=str(2 * SLOT))
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i, long * CHUNK + 10))
+    manager = h.manager_side.manager
+    hashes = h.requests["w0"].block_hashes
+    key = chunk_key(manager.ns, bytes(hashes[(bad + 1) * CHUNK // BLOCK - 1]))
+    slot = manager.ssd.slot_of(key) if manager.ssd is not None else None
+    assert slot is not None
+    h.worker.shutdown()
+    with open(os.path.join(rank_dirs([str(ssd)], 0)[0], DATA_FILE), "r+b") as f:
+        f.seek(slot * SLOT + 100)
+        byte = f.read(1)
+        f.seek(slot * SLOT + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    h2 = small_cpu_tier(tmp_path, ssd, ssd_stream_bytes=str(2 * SLOT))
+    assert serve_again(h2, "again", prompt) == bad * CHUNK
+    t = totals(h2)
+    assert t["ssd_read_failures"] == 1
+    assert h2.manager_side.manager.cpu.usage().pinned_or_moving == 0
+    assert h2.worker.handler._streamer._ring.idle()
+    # the recomputed chunks were stored again: the next time, all of the prompt loads
+    assert serve_again(h2, "third", prompt) == long * CHUNK
+    assert totals(h2)["ssd_read_failures"] == 1
+    h2.worker.shutdown()
+
+
+def streaming_harness(tmp_path: Path, ssd: Path) -> tuple[Harness, list[int]]:
+    """A harness whose first 9-chunk prompt (returned) lives on SSD only; a load of it
+    promotes 3 chunks and streams 6 through 2 staging slots."""
+    long = 9
+    h = small_cpu_tier(tmp_path, ssd, ssd_stream_bytes=str(2 * SLOT))
+    for i in range(3):
+        h.cached_in_miniflex_only(f"w{i}", tokens(i, long * CHUNK + 10))
+    return h, tokens(0, long * CHUNK + 10)
+
+
+def nothing_held(h: Harness) -> bool:
+    """No CPU or SSD slot pinned, no staging slot held, no job in flight."""
+    manager = h.manager_side.manager
+    return (
+        manager.cpu.usage().pinned_or_moving == 0
+        and manager.ssd is not None
+        and manager.ssd.usage().pinned_or_moving == 0
+        and h.worker.handler._streamer._ring.idle()
+        and not manager.has_jobs()
+    )
+
+
+def test_a_request_aborted_mid_stream_gives_every_slot_back(tmp_path: Path, ssd: Path) -> None:
+    h, prompt = streaming_harness(tmp_path, ssd)
+    total = h.free_blocks()
+    assert h.sched.reset_prefix_cache()
+    h.mover.gate.clear()  # the first part's copy hangs: later windows wait for its slots
+    h.add("b", prompt)
+    h.step(wait_transfers=False)
+    h.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    h.step(wait_transfers=False)
+    assert not h.finished_and_freed("b")  # blocks stay until the load lets go of them
+    h.mover.gate.set()
+    h.run()
+    assert h.finished_and_freed("b") and h.free_blocks() == total
+    assert nothing_held(h)
+    assert serve_again(h, "again", prompt) == len(prompt) // CHUNK * CHUNK
+    h.worker.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["copy", "read"])
+def test_a_streamed_load_that_fails_is_recomputed_and_holds_nothing(
+    tmp_path: Path, ssd: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """A copy to vLLM's blocks that raises (the first part's), or an SSD read that raises
+    (the second window's): the job fails and its blocks are load errors, nothing stays
+    held, and the prompt loads whole again afterwards."""
+    h, prompt = streaming_harness(tmp_path, ssd)
+    if fault == "copy":
+        h.mover.fail_loads = 1
+    else:
+        copier = h.worker.handler._ssd
+        assert copier is not None
+        reads = {"n": 0}
+        real = copier.promote
+
+        def promote(copies: list) -> tuple:
+            reads["n"] += 1
+            if reads["n"] == 3:  # the promotions, the first window, then this one
+                raise OSError(5, "injected read failure")
+            return real(copies)
+
+        monkeypatch.setattr(copier, "promote", promote)
+    serve_again(h, "b", prompt)  # whatever vLLM was given (it looks again) is checked
+    assert totals(h)["failed_jobs"] == 1 and h.load_errors > 0
+    assert nothing_held(h)
+    monkeypatch.undo()
+    assert serve_again(h, "again", prompt) == len(prompt) // CHUNK * CHUNK
     h.worker.shutdown()
 
 

@@ -201,3 +201,13 @@ def test_the_engine_prices_the_costliest_recompute_only_once_the_prefill_model_i
     fitted = costs.costliest_recompute_seconds()
     assert fitted is not None and fitted == cost.chunk_recompute_seconds(32768)
     assert costs.rough_recompute_seconds() is None
+
+
+def test_write_through_writes_every_chunk_however_slow_the_disk() -> None:
+    """``ssd_write=through`` is an explicit choice (the default is write-back): admission does
+    not override it, even where a read is far slower than recomputing."""
+    disk = Disk(read=0.050, recompute=0.003, rough=0.003)
+    stack = disk.stack(cpu_slots=4, ssd_slots=8, write_through=True)
+    store(stack, [k(0), k(1), k(2)])
+    assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1), k(2)]
+    assert stack.writeback.take_declined_demotions() == 0

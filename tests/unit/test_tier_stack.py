@@ -347,3 +347,52 @@ def test_clear_drops_copies_to_ssd_not_yet_sent() -> None:
     assert stack.writeback.take_demotions() == []
     assert pinned(stack) == (0, 0)
     assert stack.ssd is not None and stack.ssd.usage().free == 4
+
+
+def on_ssd_only(stack: TierStack, n: int) -> list[ChunkKey]:
+    """Store ``n`` chunks one at a time, written back as the CPU tier fills, then push them
+    out of it with as many others: the first ``n`` are on SSD only."""
+    for i in (*range(n), *range(100, 100 + n)):
+        store(stack, [k(i)])
+        demote_all(stack)
+    keys = [k(i) for i in range(n)]
+    assert all(key not in stack.cpu for key in keys) and stack.match(keys) == n
+    return keys
+
+
+def test_a_load_past_what_the_cpu_tier_spares_streams_through_the_staging_slots() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=32, max_writeback=1, stream_slots=2)
+    keys = on_ssd_only(stack, 8)
+    sources = stack.acquire(keys)
+    assert len(sources) == 8  # not capped by the 4 CPU slots
+    promoted = [s for s in sources if not s.streamed]
+    assert len(promoted) == stack.max_load_chunks == 3
+    assert [s.tier for s in sources] == [Tier.SSD] * 8
+    # the staging slots come after the CPU tier's, in turn
+    assert [s.cpu for s in sources if s.streamed] == [4, 5, 4, 5, 4]
+    demote_all(stack)  # the write-ahead that making room for the promotions started
+    assert pinned(stack) == (3, 8)
+    stack.release(sources, ok=True, bad_keys={keys[5]})
+    assert pinned(stack) == (0, 0)
+    # promoted chunks are published in CPU; streamed ones are not, and a bad one is dropped
+    assert [key in stack.cpu for key in keys] == [True] * 3 + [False] * 5
+    assert stack.ssd is not None and keys[5] not in stack.ssd and keys[4] in stack.ssd
+
+
+def test_a_streamed_load_never_sent_gives_every_pin_back() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=32, max_writeback=1, stream_slots=2)
+    keys = on_ssd_only(stack, 6)
+    stack.cancel(stack.acquire(keys))
+    demote_all(stack)
+    assert pinned(stack) == (0, 0)
+    assert stack.match(keys) == 6 and not any(key in stack.cpu for key in keys)
+
+
+def test_without_staging_slots_a_load_ends_where_no_cpu_slot_is_free() -> None:
+    stack = TierStack(cpu_slots=4, ssd_slots=32, max_writeback=1)
+    keys = on_ssd_only(stack, 8)
+    sources = stack.acquire(keys)
+    assert 0 < len(sources) < 8 and not any(s.streamed for s in sources)
+    stack.cancel(sources)
+    demote_all(stack)
+    assert pinned(stack) == (0, 0)

@@ -1,0 +1,220 @@
+"""Loads that stream from SSD: chunks read into staging slots and copied to the GPU in parts.
+
+A load whose SSD chunks do not all fit the CPU tier carries them as
+``TransferJob.streams``: each names a staging slot, one of the pool's slots past
+the CPU tier's (:func:`miniflex.pool.stream_slots`), which the scheduler hands
+out in turn. On the read thread, :class:`Streamer` runs such a job in parts:
+
+1. the chunks in CPU slots (resident ones and promotions, read first) go to the
+   load thread as one copy;
+2. the streamed chunks are read a window at a time (half the staging slots), and
+   each window's copy goes to the load thread as soon as it has arrived, so the
+   disk reads the next window while the GPU copies this one;
+3. a staging slot is read into again only once the copy out of it is done
+   (:class:`StagingRing`), whichever job it belonged to.
+
+:class:`StreamedLoad` adds the parts up into the job's one ``JobResult``, once
+the last part is copied. A chunk that fails its read is left out of its window's
+copy and its blocks become load errors; a part that fails fails the job, as a
+failed copy does in a load of one part. Every staging slot is freed again
+however its part ended.
+
+Example: 6 streamed chunks over 4 staging slots (slots 10-13 of a 10-slot tier)
+are read as windows {10, 11}, {12, 13}, {10, 11}; the third waits for the first
+window's copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+
+from miniflex.errors import TransferError
+from miniflex.plan import ChunkMove, JobKind, JobResult, SlotCopy, TransferJob
+from miniflex.ssd.copier import SSDCopier
+from miniflex.types import BlockId, ChunkKey, SlotId
+from miniflex.worker.job_runner import Promoted, QueuedJob
+
+__all__ = ["StagingRing", "StreamedLoad", "Streamer"]
+
+logger = logging.getLogger(__name__)
+
+
+class StagingRing:
+    """The pool's staging slots ``[first, first + count)``: each is free, or holds a chunk
+    whose GPU copy is not done yet. The read thread claims, the load thread frees."""
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first, self.count = first, count
+        self._free = [threading.Event() for _ in range(count)]
+        for event in self._free:
+            event.set()
+
+    def __contains__(self, slot: int) -> bool:
+        return self.first <= slot < self.first + self.count
+
+    def claim(self, slots: Sequence[SlotId]) -> None:
+        """Wait until each slot's last copy is done, then hold it (the read thread)."""
+        for slot in slots:
+            assert slot in self, f"slot {slot} is not a staging slot"
+            event = self._free[slot - self.first]
+            event.wait()
+            event.clear()
+
+    def free(self, slots: Sequence[SlotId]) -> None:
+        for slot in slots:
+            self._free[slot - self.first].set()
+
+    def idle(self) -> bool:
+        """No staging slot is held (tests, shutdown)."""
+        return all(event.is_set() for event in self._free)
+
+
+class StreamedLoad:
+    """One LOAD job's result, added up from its parts; resolves ``done`` after the last.
+
+    The read thread holds one part open until it has queued every part
+    (:meth:`close`), so the job cannot finish between two parts.
+    """
+
+    def __init__(self, job: TransferJob, done: Future[JobResult], io: str) -> None:
+        self._job, self._done, self._io = job, done, io
+        self._lock = threading.Lock()
+        self._open = 1
+        self._ok = True
+        self._bytes = 0
+        self._copy_s = self._ssd_s = self._remote_s = 0.0
+        self._failed_blocks: list[BlockId] = []
+        self._failed_keys: set[ChunkKey] = set()
+
+    def expect(self) -> None:
+        """A part was queued."""
+        with self._lock:
+            self._open += 1
+
+    def read(self, failed: set[ChunkKey], seconds: float) -> None:
+        """A window's SSD read: the keys that failed, the seconds it took."""
+        with self._lock:
+            self._failed_keys |= failed
+            self._ssd_s += seconds
+
+    def part(self, res: JobResult) -> None:
+        """A part's copy is done (the load thread), or failed."""
+        with self._lock:
+            self._ok = self._ok and res.ok
+            self._bytes += res.num_bytes
+            self._copy_s += res.seconds - res.ssd_seconds - res.remote_seconds
+            self._ssd_s += res.ssd_seconds
+            self._remote_s += res.remote_seconds
+            self._failed_blocks += res.failed_block_ids
+            self._failed_keys.update(res.failed_keys)
+        self._close_one()
+
+    def close(self) -> None:
+        """The read thread has queued every part."""
+        self._close_one()
+
+    def _close_one(self) -> None:
+        with self._lock:
+            self._open -= 1
+            if self._open:
+                return
+        job = self._job
+        self._done.set_result(
+            JobResult(
+                job.job_id,
+                job.req_id,
+                JobKind.LOAD,
+                self._ok,
+                self._bytes,
+                self._copy_s + self._ssd_s + self._remote_s,
+                tuple(self._failed_blocks),
+                tuple(self._failed_keys),
+                self._io,
+                self._ssd_s,
+                self._remote_s,
+            )
+        )
+
+
+class Streamer:
+    """Runs the streamed part of LOAD jobs on the read thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        ssd: SSDCopier | None,
+        ring: StagingRing,
+        to_load_thread: Callable[[QueuedJob], None],
+    ) -> None:
+        self._ssd, self._ring, self._put = ssd, ring, to_load_thread
+
+    @property
+    def window(self) -> int:
+        """Chunks read at once: half the ring, so one window is read while another copies."""
+        return max(1, self._ring.count // 2)
+
+    def run(self, item: QueuedJob, promoted: Promoted) -> None:
+        """Queue ``item``'s copies part by part; its CPU-slot reads (``promoted``) are done.
+        Never raises: a window that cannot be read fails the job, and the chunks not queued
+        by then are load errors (vLLM recomputes them)."""
+        job = item.job
+        staged = [m for m in job.chunks if m.slot in self._ring]
+        assert len(staged) == len(job.streams), "one staging-slot chunk per stream"
+        load = StreamedLoad(job, item.done, self._ssd.backend if self._ssd is not None else "")
+        head = replace(job, chunks=tuple(m for m in job.chunks if m.slot not in self._ring))
+        self._queue(item, head, load, promoted, ())
+        rest = list(zip(job.streams, staged, strict=True))
+        queued = 0
+        try:
+            if self._ssd is None:
+                raise TransferError("an SSD job reached a worker without ssd_dirs configured")
+            for queued in range(0, len(rest), self.window):
+                self._window(item, load, rest[queued : queued + self.window])
+            queued = len(rest)
+        except Exception as exc:  # the worker boundary: the unread chunks are recomputed
+            logger.error("MiniFlex streamed load %d of %s failed: %s", job.job_id, job.req_id, exc)
+            lost = tuple(b for _, m in rest[queued:] for b in m.block_ids)
+            load.expect()  # the unread rest, reported failed as one part
+            load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, lost))
+        finally:
+            load.close()
+
+    def _window(
+        self, item: QueuedJob, load: StreamedLoad, part: list[tuple[SlotCopy, ChunkMove]]
+    ) -> None:
+        """Read one window into its staging slots, then queue its copy."""
+        copies = [c for c, _ in part]
+        slots = [c.cpu for c in copies]
+        self._ring.claim(slots)
+        try:
+            failed, seconds = self._ssd.promote(copies)  # type: ignore[union-attr]
+            load.read(failed, seconds)
+        except BaseException:
+            self._ring.free(slots)
+            raise
+        good = tuple(m for c, m in part if c.key not in failed)
+        lost = tuple(b for c, m in part if c.key in failed for b in m.block_ids)
+        sub = replace(item.job, chunks=good, unavailable=lost, promotions=(), remote=(), streams=())
+        self._queue(item, sub, load, None, slots)
+
+    def _queue(
+        self,
+        item: QueuedJob,
+        sub: TransferJob,
+        load: StreamedLoad,
+        promoted: Promoted | None,
+        slots: Sequence[SlotId],
+    ) -> None:
+        """Hand one part to the load thread; its staging ``slots`` are freed when it is done."""
+        part: Future[JobResult] = Future()
+
+        def done(fut: Future[JobResult]) -> None:
+            self._ring.free(slots)
+            load.part(fut.result())
+
+        part.add_done_callback(done)
+        load.expect()
+        self._put(QueuedJob(sub, item.fence, part, promoted=promoted))
