@@ -180,6 +180,10 @@ class TransferPlan:
     timed: bool = True
     """The workers time this step's forward for the cost model (most decode steps are not
     timed: :data:`miniflex.scheduler.advisor.DECODE_TIMED_EVERY`)."""
+    forward: bool = True
+    """The step computes tokens. False: vLLM runs no forward, and some versions skip the
+    hooks around it; a worker queues the plan's stores (of finished requests' blocks,
+    computed in earlier steps) when it reports what finished."""
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class HitLookup:
             del st.keys[n:], st.key_sources[n:]
             st.key_array = st.key_array[:n]
             st.stored_chunks = min(st.stored_chunks, n)
+            st.store_due = min(st.store_due, n)
         full = len(block_hashes) // bpc
         if full > n:
             sources = [bytes(block_hashes[i * bpc - 1]) for i in range(n + 1, full + 1)]
@@ -117,7 +118,7 @@ class HitLookup:
             matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
         if Tier.REMOTE in tiers or (Tier.SSD in tiers and not self.tiers.stream_slots):
-            tiers = tiers[: self.tiers.max_load_chunks]  # every read lands in a CPU slot
+            tiers = tiers[: self.tiers.staged_prefix(tiers)]  # every read lands in a CPU slot
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:
             slow = self.tiers.ssd is not None or self.remote is not None

@@ -204,6 +204,7 @@ class MiniFlexManager:
         self._to_load.clear()
         self._step += 1
         stores, tokens = self._schedule(scheduled, block_hashes)
+        stores += self._retry_waiting()
         # Demotions go first, so that the disk starts on them at once (their CPU slots
         # stay pinned until they are written, so no job of this plan overwrites them).
         demote = self._demote_job()
@@ -221,6 +222,7 @@ class MiniFlexManager:
             step=self._step,
             full_graph=in_step and self.graphs.may_replay_full(tokens),
             timed=timed,
+            forward=sum(tokens) > 0,
         )
 
     def _detach_preempted(self, preempted: tuple[ReqId, ...]) -> None:
@@ -264,6 +266,15 @@ class MiniFlexManager:
                 if job is not None:
                     jobs.append(job)
         return jobs, tokens
+
+    def _retry_waiting(self) -> list[TransferJob]:
+        """Stores of finished requests whose chunks waited for CPU slots; one whose last
+        chunk is planned is released in the same plan (reported once its stores are done)."""
+        jobs, done = self._stores.retry_waiting(self.stats)
+        for st in done:
+            self._release.append(st.req_id)
+            self._maybe_forget(st)
+        return jobs
 
     def on_probes(self, probes: Iterable[LoadProbe]) -> None:
         """The workers' start-up load probes (see :class:`HitAdvisor`)."""
@@ -344,6 +355,9 @@ class MiniFlexManager:
             # and a preemption detaches them (build_plan), so there are none here.
             assert not st.store_jobs, f"{req_id} loads and stores at once"
             return True
+        if st.store_waits:  # its blocks are kept until the last chunk is planned
+            self._stores.waiting[req_id] = st
+            return True
         if st.store_jobs:
             self._release.append(req_id)
             return True
@@ -373,6 +387,7 @@ class MiniFlexManager:
             len(self.jobs)
             or self._to_load
             or self._release
+            or self._stores.waiting
             or self._clear_ssd
             or self.tiers.writeback.has_demotions()
             or self.puts.pending

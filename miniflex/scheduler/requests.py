@@ -62,6 +62,9 @@ class ReqState:
     load_job_sync: bool = False  # load_job runs inside a step's forward (vLLM doesn't wait)
     loaded_as: LoadTiming | None = None  # how its last load ran (None: never loaded)
     stored_chunks: int = 0  # leading chunks already stored, present or skipped
+    store_due: int = 0  # leading chunks computed, to be stored
+    store_waits_since: float | None = None
+    """When the chunk at ``stored_chunks`` began waiting for a CPU slot (None: none waits)."""
     store_jobs: set[JobId] = field(default_factory=set)
     finished: bool = False
     hit_tokens: int = 0
@@ -76,6 +79,12 @@ class ReqState:
         return end // chunk_tokens
 
     @property
+    def store_waits(self) -> bool:
+        """Chunks computed and not stored yet wait for a CPU slot (see
+        :class:`~miniflex.scheduler.store_planner.StorePlanner`)."""
+        return self.store_waits_since is not None and self.store_due > self.stored_chunks
+
+    @property
     def busy(self) -> bool:
-        """True while MiniFlex still moves bytes of this request's blocks."""
-        return self.load_job is not None or bool(self.store_jobs)
+        """True while MiniFlex still moves bytes of this request's blocks, or will."""
+        return self.load_job is not None or bool(self.store_jobs) or self.store_waits

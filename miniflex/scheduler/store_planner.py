@@ -7,6 +7,7 @@ touches KV bytes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from miniflex.config import MiniFlexConfig
@@ -18,8 +19,13 @@ from miniflex.scheduler.remote_puts import RemotePuts
 from miniflex.scheduler.requests import ReqState
 from miniflex.stats import TransferStats
 from miniflex.tiers.stack import TierStack
+from miniflex.types import ChunkKey, ReqId
 
-__all__ = ["StorePlanner"]
+__all__ = ["STORE_WAIT_S", "StorePlanner"]
+
+STORE_WAIT_S = 60.0
+"""Longest a request's chunks wait for a CPU slot on their way to the SSD tier; vLLM keeps a
+finished request's blocks that long at most."""
 
 
 class StorePlanner:
@@ -38,35 +44,72 @@ class StorePlanner:
         self._config, self._ns, self._tiers = config, ns, tiers
         self._jobs, self._lookup, self._puts = jobs, lookup, puts
         self._num_workers = num_workers
+        self.waiting: dict[ReqId, ReqState] = {}
+        """Finished requests whose chunks wait for CPU slots (vLLM keeps their blocks)."""
 
     def job(
         self, st: ReqState, hashes: Sequence[bytes], done_tokens: int, stats: TransferStats
     ) -> TransferJob | None:
         """The store of ``st``'s chunks completed by ``done_tokens`` computed tokens and not
-        stored yet (None: nothing to store, or nothing could be placed). Chunks skipped for
-        the in-flight cap or for want of an unpinned slot are counted in ``stats`` and never
-        retried: ``st.stored_chunks`` moves past them either way."""
-        ns, cpu = self._ns, self._tiers.cpu
+        stored yet (None: nothing to store, or nothing could be placed). See :meth:`_plan`
+        for chunks that find no slot."""
+        ns = self._ns
         keys = self._lookup.keys(st, hashes)
         full = min(
             len(keys), done_tokens // ns.chunk_tokens, len(st.block_ids) // ns.blocks_per_chunk
         )
+        st.store_due = max(st.store_due, full)
         if full <= st.stored_chunks:
             return None
+        return self._plan(st, keys, full, stats)
+
+    def retry_waiting(self, stats: TransferStats) -> tuple[list[TransferJob], list[ReqState]]:
+        """The stores of :attr:`waiting` requests' chunks, as slots allow; and the requests
+        whose last chunk is now planned (or given up), no longer waiting."""
+        jobs, done = [], []
+        for req_id, st in list(self.waiting.items()):
+            job = self._plan(st, st.keys, st.store_due, stats) if st.store_waits else None
+            if job is not None:
+                jobs.append(job)
+            if not st.store_waits:
+                del self.waiting[req_id]
+                done.append(st)
+        return jobs, done
+
+    def _plan(
+        self, st: ReqState, keys: Sequence[ChunkKey], full: int, stats: TransferStats
+    ) -> TransferJob | None:
+        """Place ``keys[st.stored_chunks:full]`` in CPU slots and plan their store.
+
+        Chunks skipped for the in-flight cap are counted in ``stats`` and never retried.
+        Chunks that find no unpinned slot wait for one (``st.stored_chunks`` stops at the
+        first of them, and the next step tries again) while the SSD tier takes chunks, so
+        that every chunk of a prompt larger than the CPU tier reaches it, for up to
+        :data:`STORE_WAIT_S`; otherwise, or past that, they are counted and dropped.
+        """
         if self._jobs.storing_chunks() >= self._config.max_inflight_chunks:
             stats.stores_skipped += full - st.stored_chunks
             st.stored_chunks = full  # skipped for good, not retried (and counted) every step
             return None
-        first = st.stored_chunks
-        st.stored_chunks = full
+        ns, cpu, first = self._ns, self._tiers.cpu, st.stored_chunks
         # chunks of generated tokens go in coldest: they never push a prompt out
         cold_from = max(0, st.prompt_chunks(ns.chunk_tokens) - first)
         placed = self._tiers.prepare_store(keys[first:full], cold_from)
-        # chunks neither placed nor already in CPU found no slot (every one pinned): lost
+        # chunks neither placed nor already in CPU found no slot (every one pinned)
         done = {k for k, _ in placed}
-        stats.stores_skipped += sum(
-            1 for k in keys[first:full] if k not in done and k not in cpu and not cpu.is_storing(k)
-        )
+        missed = [
+            i
+            for i, k in enumerate(keys[first:full])
+            if k not in done and k not in cpu and not cpu.is_storing(k)
+        ]
+        st.stored_chunks = full
+        if not missed:
+            st.store_waits_since = None
+        elif self._may_wait(st):
+            st.stored_chunks = first + missed[0]  # prepare_store stops at the first miss
+        else:
+            stats.stores_skipped += len(missed)
+            st.store_waits_since = None
         if not placed:
             return None
         st.stored_tokens += len(placed) * ns.chunk_tokens
@@ -75,3 +118,12 @@ class StorePlanner:
         self._jobs.add(rec)
         st.store_jobs.add(rec.job.job_id)
         return rec.job
+
+    def _may_wait(self, st: ReqState) -> bool:
+        """Whether chunks that found no CPU slot wait for one (see :meth:`_plan`)."""
+        if not self._tiers.writeback.takes_chunks:
+            return False
+        now = time.monotonic()
+        if st.store_waits_since is None:
+            st.store_waits_since = now
+        return now - st.store_waits_since < STORE_WAIT_S

@@ -232,6 +232,24 @@ class TierStack:
             return self.cpu.num_slots
         return max(1, self.cpu.num_slots - self.writeback.max_writeback)
 
+    def staged_prefix(self, tiers: Sequence[Tier]) -> int:
+        """How many leading chunks of a load over ``tiers`` (each chunk's tier) can be staged
+        in CPU slots now, when every read must land in one: :attr:`max_load_chunks` at most,
+        and no more reads than the slots not pinned or only being written back (a store may
+        take those, see :meth:`WriteBack.reclaim`), less the load's own CPU chunks (pinned
+        first). Slots pinned by write-through copies or other jobs count as taken: a load
+        promised them would fail at :meth:`acquire` and come back as load errors."""
+        free = self.cpu.num_slots - self.cpu.usage().pinned_or_moving
+        room = free + self.writeback.writing_back - tiers.count(Tier.CPU)
+        n = 0
+        for tier in tiers[: self.max_load_chunks]:
+            if tier is not Tier.CPU:
+                if room <= 0:
+                    break
+                room -= 1
+            n += 1
+        return n
+
     def touch(self, keys: np.ndarray) -> None:
         """A request was admitted with these chunk keys (its prefix, in order): every tier
         counts them as just used, a prefix's tail evicted before its head. Chunks that

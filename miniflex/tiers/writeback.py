@@ -254,6 +254,12 @@ class WriteBack:
         return key in self._taken_early
 
     @property
+    def takes_chunks(self) -> bool:
+        """Whether the SSD tier takes the chunks stored now: write-through, or write-back
+        while admission admits (see :mod:`miniflex.tiers.admission`)."""
+        return self.ssd is not None and (self.write_through or self.ssd_pays_off)
+
+    @property
     def ssd_pays_off(self) -> bool:
         """Whether chunks are written back ahead of need and CPU slots kept for that: the
         SSD tier admits chunks (see :mod:`miniflex.tiers.admission`)."""

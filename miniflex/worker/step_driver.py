@@ -71,6 +71,8 @@ class StepDriver:
             # 0.26 skips start_load_kv on empty steps; a load inside a step issued this
             # late (after the forward) is reported failed, never read unloaded.
             self.handler.submit(plan, JobKind.LOAD, before_forward=False)
+            if not plan.forward:  # no wait_for_save may come: before the releases below
+                self.handler.submit(plan, JobKind.STORE)
             self.handler.release_when_saved(plan)
         # Before the load errors are collected: with a drafter vLLM calls wait_for_save later.
         self.handler.finish_step_loads()

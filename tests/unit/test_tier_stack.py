@@ -396,3 +396,24 @@ def test_without_staging_slots_a_load_ends_where_no_cpu_slot_is_free() -> None:
     stack.cancel(sources)
     demote_all(stack)
     assert pinned(stack) == (0, 0)
+
+
+def test_a_load_that_must_stage_every_read_is_promised_only_the_slots_it_can_take() -> None:
+    """Without staging slots every SSD read lands in a CPU slot: slots pinned by write-through
+    copies still being written are not promised (the load would fail at acquire and come
+    back as load errors); once written they are."""
+    stack = TierStack(cpu_slots=4, ssd_slots=32, write_through=True)
+    for i in (0, 1, 2, 100, 101, 102, 103):  # each written through, the first three pushed out
+        store(stack, [k(i)])
+        demote_all(stack)
+    keys, run = [k(0), k(1), k(2)], [Tier.SSD] * 3
+    assert stack.residence(keys) == run
+    store(stack, [k(50), k(51), k(52), k(53)])  # write-through: all four slots pinned
+    assert stack.staged_prefix(run) == 0
+    demote_all(stack)
+    sources = stack.acquire(keys)
+    assert len(sources) == 3
+    assert stack.staged_prefix(run) == 1  # the promotions hold three of the four slots
+    stack.cancel(sources)
+    # 4 slots, two of them the load's own CPU chunks: two reads fit
+    assert stack.staged_prefix([Tier.CPU, *run, Tier.CPU]) == 3

@@ -1,0 +1,96 @@
+"""Stores of prompts larger than the CPU tier, over an SSD tier, inside vLLM's real Scheduler.
+
+A prompt of 15 chunks is computed in one step over a CPU tier of 4 slots. Every chunk
+must reach the SSD tier: the chunks that find no CPU slot (all pinned while their
+neighbours are written) wait for one, step after step, and vLLM keeps the finished
+request's blocks until the last of them is stored. Then the whole prompt loads back
+from the tiers, bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from miniflex.scheduler import store_planner
+from tests.connector.engine_config import tokens as prompt_tokens
+from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import totals
+
+CHUNK = 2 * BLOCK
+SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
+LONG = 15
+
+
+@pytest.fixture
+def ssd(direct_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # the same block hashes in every harness
+    return direct_dir
+
+
+def harness(tmp_path: Path, ssd: Path | None, **extra: object) -> Harness:
+    tier = {"ssd_dirs": str(ssd), "ssd_bytes": str(64 * SLOT)} if ssd is not None else {}
+    return make_harness(
+        tmp_path / "model",
+        num_blocks=96,
+        cpu_bytes=str(4 * SLOT),
+        max_batched=(LONG + 1) * CHUNK,  # the whole prompt in one step
+        extra={"hit_policy": "load", **tier, **extra},
+    )
+
+
+def prompt(seed: int) -> list[int]:
+    return prompt_tokens(seed, LONG * CHUNK + 10)
+
+
+def reload(h: Harness, req_id: str, tokens: list[int]) -> int:
+    """Serve ``tokens`` again with vLLM's copy dropped; the tokens MiniFlex loaded (checked
+    byte for byte by the harness)."""
+    assert h.sched.reset_prefix_cache()
+    return h.serve(req_id, tokens, steps=8)
+
+
+@pytest.mark.parametrize("mode", ["through", "back"])
+def test_every_chunk_of_a_prompt_larger_than_the_cpu_tier_reaches_ssd(
+    tmp_path: Path, ssd: Path, mode: str
+) -> None:
+    h = harness(tmp_path, ssd, ssd_write=mode, prefill_tokens_per_s=100)
+    total = h.free_blocks()
+    h.add("a", prompt(1), max_tokens=2)
+    h.run()
+    assert h.finished_and_freed("a") and h.free_blocks() == total
+    t = totals(h.kv_stats)
+    assert t.get("stores_skipped", 0) == 0
+    manager = h.manager_side.manager
+    assert manager.ssd is not None and len(manager.ssd) >= LONG - 4  # the CPU tier has the rest
+    assert not manager.has_jobs() and manager.cpu.usage().pinned_or_moving == 0
+    assert reload(h, "again", prompt(1)) == LONG * CHUNK
+    h.shutdown()
+
+    restarted = harness(tmp_path, ssd, ssd_write=mode)
+    assert reload(restarted, "after", prompt(1)) == LONG * CHUNK
+    assert totals(restarted.kv_stats)["hit_tokens_ssd"] == LONG * CHUNK
+    restarted.shutdown()
+
+
+def test_without_an_ssd_tier_what_finds_no_slot_is_dropped_at_once(tmp_path: Path) -> None:
+    """No tier below: nothing waits, the finished request's blocks go back at once."""
+    h = harness(tmp_path, None)
+    h.add("a", prompt(2), max_tokens=2)
+    h.run()
+    assert totals(h.kv_stats)["stores_skipped"] == LONG - 4
+    assert not h.manager_side.manager.has_jobs()
+    h.shutdown()
+
+
+def test_chunks_wait_for_a_slot_no_longer_than_the_limit(
+    tmp_path: Path, ssd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_planner, "STORE_WAIT_S", 0.0)
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.add("a", prompt(3), max_tokens=2)
+    h.run()
+    assert totals(h.kv_stats)["stores_skipped"] == LONG - 4
+    assert h.finished_and_freed("a") and not h.manager_side.manager.has_jobs()
+    h.shutdown()
