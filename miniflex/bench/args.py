@@ -119,6 +119,16 @@ def _tiers(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--blocks-per-chunk", type=int, help="MiniFlex chunk in blocks (default: auto)")
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, 0 or more")
+    return value
+
+
 def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--ttft-prompts", type=_ints, default=(1024, 8192, 30000), help="prompt lengths")
     w.add_argument("--repeat", type=int, default=1, help="ttft: fresh prompts per length (median)")
@@ -128,6 +138,14 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
         default="gpu",
         help="ttft: evict vLLM's copy only (gpu), or also push the prompt out of a CPU tier of "
         "--ssd-cpu-bytes with unique fillers worth 1.5x it (cpu: SSD-resident prompts)",
+    )
+    w.add_argument(
+        "--ttft-settle",
+        type=_seconds,
+        default=0.0,
+        help="ttft: seconds to wait after the eviction, before the evicted prompt is sent, so "
+        "that the disk has written what the fillers left and the load is timed alone "
+        "(default 0: at once, as a server meets it)",
     )
     w.add_argument("--overflow-prompt-tokens", type=int, default=4096)
     w.add_argument(

@@ -83,6 +83,7 @@ def _prefix_workloads(
             prompts,
             prompt_tokens=args.ttft_prompts,
             repeat=args.repeat,
+            settle_s=args.ttft_settle,
             **floor,
         ),
         "overflow": OverflowWorkload(

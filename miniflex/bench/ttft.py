@@ -11,7 +11,8 @@ a fresh prompt A:
    they push A out of a CPU tier too small to hold them, so that A is left only
    on the SSD tier (or, for APC alone, nowhere);
 4. **evicted**: A again, now served by the tier under test (APC alone
-   recomputes it).
+   recomputes it); with ``settle_s`` (``--ttft-settle``) that many seconds
+   later, so that the disk has written what the fillers left first.
 
 The physical floor of step 4 is ``KV bytes of A / copy bandwidth + GPU-hit
 TTFT``: the bytes have to cross the host-to-device link (pinned H2D measured
@@ -22,6 +23,7 @@ costs what a full GPU hit costs. ``x_floor`` is the evicted TTFT over it.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -51,6 +53,8 @@ class TTFTWorkload(Workload):
     bandwidth_kind: str = "pinned H2D"
     push_tokens: int = 0
     """Unique filler tokens prefilled before each eviction (0: vLLM's copy only)."""
+    settle_s: float = 0.0
+    """Seconds waited after the eviction, before the evicted prompt (the disk drains)."""
 
     def max_prompt_tokens(self) -> int:
         return max(self.prompt_tokens)
@@ -65,6 +69,7 @@ class TTFTWorkload(Workload):
             "bandwidth_GBps": self.bandwidth_gbps,
             "bandwidth_kind": self.bandwidth_kind,
             "push_tokens": self.push_tokens,
+            "settle_s": self.settle_s,
         }
 
     def run(self, driver: Driver, log: Log) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -78,6 +83,7 @@ class TTFTWorkload(Workload):
                 gpu = driver.prefill(a, "gpu-hit")
                 self._push(driver, log, f"{n}-{r}")
                 driver.evict_gpu()
+                time.sleep(self.settle_s)
                 hit = driver.prefill(a, "evicted")
                 runs.append((cold, gpu, hit))
                 samples += [dict(s.as_dict(), repeat=r) for s in (cold, gpu, hit)]
