@@ -185,7 +185,8 @@ SPECS: dict[str, Spec] = {
         "256MiB",
         "Pinned host memory per CPU pool, after the CPU tier's slots, through which a load "
         "streams the chunks it reads from SSD once it holds as many CPU slots as the tier can "
-        "spare (all but `ssd_write_backlog`): each is read into a staging slot and copied to "
+        "spare (with write-back, all but `ssd_write_backlog`), or no CPU slot can be freed "
+        "(all pinned): each is read into a staging slot and copied to "
         "the GPU as soon as it has arrived, while the next ones are read, so a load is never "
         "capped by the CPU tier's size. Rounded up to whole chunks, 2 at least and 64 at "
         "most. `0`: no staging; a load that reads from SSD is then capped at what the CPU "

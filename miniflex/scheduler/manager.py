@@ -34,13 +34,7 @@ from miniflex.remote.lookup import RemoteLookup
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.scheduler.cuda_graphs import EAGER, GraphRule
 from miniflex.scheduler.hits import Hit
-from miniflex.scheduler.jobs import (
-    ClearRecord,
-    CommitContext,
-    DemoteRecord,
-    JobTable,
-    LoadRecord,
-)
+from miniflex.scheduler.jobs import ClearRecord, CommitContext, DemoteRecord, JobTable, LoadRecord
 from miniflex.scheduler.lookup import LANDING_WAIT_S, HitLookup
 from miniflex.scheduler.manager_status import manager_status
 from miniflex.scheduler.remote_puts import RemotePuts
@@ -112,6 +106,7 @@ class MiniFlexManager:
         self._reqs: dict[ReqId, ReqState] = {}
         self._to_load: list[ReqId] = []
         self._release: list[ReqId] = []
+        self._release_next: list[ReqId] = []  # their last stores go out in this plan
         self._clear_ssd = False
         self.stats = TransferStats()  # since the last get_kv_connector_stats
         self.totals = TransferStats()  # before that
@@ -212,7 +207,8 @@ class MiniFlexManager:
         if self._clear_ssd:  # before everything: demotions of this plan follow the reset
             self._clear_ssd = False
             jobs.insert(0, self.jobs.add(ClearRecord.plan(self.jobs.next_id(), self.num_workers)))
-        release, self._release = tuple(self._release), []
+        release, self._release = tuple(self._release), self._release_next
+        self._release_next = []
         in_step = any(j.synchronous for j in loads)
         timed = self.advisor.end_step(self._step, timed=not in_step)
         return TransferPlan(
@@ -234,6 +230,7 @@ class MiniFlexManager:
                 # The worker waits for these stores before the next forward; their
                 # results still commit by job id, but no longer hold the request.
                 st.store_jobs.clear()
+                st.store_due, st.store_waits_since = st.stored_chunks, None  # blocks gone
 
     def _schedule(
         self,
@@ -268,11 +265,12 @@ class MiniFlexManager:
         return jobs, tokens
 
     def _retry_waiting(self) -> list[TransferJob]:
-        """Stores of finished requests whose chunks waited for CPU slots; one whose last
-        chunk is planned is released in the same plan (reported once its stores are done)."""
+        """Stores of finished requests whose chunks waited for CPU slots. One whose last chunk
+        is planned is released in the next plan: with a drafter, vLLM asks a worker what
+        finished before it hands over a plan's stores."""
         jobs, done = self._stores.retry_waiting(self.stats)
         for st in done:
-            self._release.append(st.req_id)
+            self._release_next.append(st.req_id)
             self._maybe_forget(st)
         return jobs
 
@@ -387,6 +385,7 @@ class MiniFlexManager:
             len(self.jobs)
             or self._to_load
             or self._release
+            or self._release_next
             or self._stores.waiting
             or self._clear_ssd
             or self.tiers.writeback.has_demotions()

@@ -68,6 +68,7 @@ class StorePlanner:
         whose last chunk is now planned (or given up), no longer waiting."""
         jobs, done = [], []
         for req_id, st in list(self.waiting.items()):
+            st.store_due = min(st.store_due, len(st.block_ids) // self._ns.blocks_per_chunk)
             job = self._plan(st, st.keys, st.store_due, stats) if st.store_waits else None
             if job is not None:
                 jobs.append(job)
@@ -81,15 +82,18 @@ class StorePlanner:
     ) -> TransferJob | None:
         """Place ``keys[st.stored_chunks:full]`` in CPU slots and plan their store.
 
-        Chunks skipped for the in-flight cap are counted in ``stats`` and never retried.
-        Chunks that find no unpinned slot wait for one (``st.stored_chunks`` stops at the
-        first of them, and the next step tries again) while the SSD tier takes chunks, so
-        that every chunk of a prompt larger than the CPU tier reaches it, for up to
-        :data:`STORE_WAIT_S`; otherwise, or past that, they are counted and dropped.
+        Chunks that find no unpinned slot, or meet the in-flight cap, wait (``st.stored_chunks``
+        stops at the first of them, and the next step tries again) while the SSD tier takes
+        chunks, so that every chunk of a prompt larger than the CPU tier reaches it, until
+        :data:`STORE_WAIT_S` has passed without one placed; otherwise, or past that, they are
+        counted in ``stats`` and dropped for good.
         """
         if self._jobs.storing_chunks() >= self._config.max_inflight_chunks:
+            if self._may_wait(st, progress=False):
+                return None
             stats.stores_skipped += full - st.stored_chunks
             st.stored_chunks = full  # skipped for good, not retried (and counted) every step
+            st.store_waits_since = None
             return None
         ns, cpu, first = self._ns, self._tiers.cpu, st.stored_chunks
         # chunks of generated tokens go in coldest: they never push a prompt out
@@ -105,7 +109,7 @@ class StorePlanner:
         st.stored_chunks = full
         if not missed:
             st.store_waits_since = None
-        elif self._may_wait(st):
+        elif self._may_wait(st, progress=bool(placed)):
             st.stored_chunks = first + missed[0]  # prepare_store stops at the first miss
         else:
             stats.stores_skipped += len(missed)
@@ -119,11 +123,13 @@ class StorePlanner:
         st.store_jobs.add(rec.job.job_id)
         return rec.job
 
-    def _may_wait(self, st: ReqState) -> bool:
-        """Whether chunks that found no CPU slot wait for one (see :meth:`_plan`)."""
+    def _may_wait(self, st: ReqState, progress: bool) -> bool:
+        """Whether chunks that found no CPU slot wait for one (see :meth:`_plan`);
+        ``progress``: some were placed just now (the wait starts again)."""
         if not self._tiers.writeback.takes_chunks:
+            st.store_waits_since = None
             return False
         now = time.monotonic()
-        if st.store_waits_since is None:
+        if st.store_waits_since is None or progress:
             st.store_waits_since = now
         return now - st.store_waits_since < STORE_WAIT_S

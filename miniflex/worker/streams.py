@@ -57,9 +57,10 @@ class StagingRing:
         return self.first <= slot < self.first + self.count
 
     def claim(self, slots: Sequence[SlotId]) -> None:
-        """Wait until each slot's last copy is done, then hold it (the read thread)."""
+        """Wait until each slot's last copy is done, then hold it (the read thread); slots
+        are checked to be staging slots before any is held."""
+        assert all(slot in self for slot in slots), f"not all staging slots: {slots}"
         for slot in slots:
-            assert slot in self, f"slot {slot} is not a staging slot"
             event = self._free[slot - self.first]
             event.wait()
             event.clear()
@@ -161,26 +162,40 @@ class Streamer:
         Never raises: a window that cannot be read fails the job, and the chunks not queued
         by then are load errors (vLLM recomputes them)."""
         job = item.job
-        staged = [m for m in job.chunks if m.slot in self._ring]
-        assert len(staged) == len(job.streams), "one staging-slot chunk per stream"
         load = StreamedLoad(job, item.done, self._ssd.backend if self._ssd is not None else "")
-        head = replace(job, chunks=tuple(m for m in job.chunks if m.slot not in self._ring))
-        self._queue(item, head, load, promoted, ())
-        rest = list(zip(job.streams, staged, strict=True))
-        queued = 0
+        unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the load thread yet
         try:
-            if self._ssd is None:
-                raise TransferError("an SSD job reached a worker without ssd_dirs configured")
-            for queued in range(0, len(rest), self.window):
-                self._window(item, load, rest[queued : queued + self.window])
-            queued = len(rest)
-        except Exception as exc:  # the worker boundary: the unread chunks are recomputed
+            rest = self._streamed(job)
+            head = replace(job, chunks=tuple(m for m in job.chunks if m.slot not in self._ring))
+            self._queue(item, head, load, promoted, ())
+            unsent = tuple(m for _, m in rest)
+            for i in range(0, len(rest), self.window):
+                self._window(item, load, rest[i : i + self.window])
+                unsent = unsent[self.window :]
+        except Exception as exc:  # the worker boundary: what was not sent is recomputed
             logger.error("MiniFlex streamed load %d of %s failed: %s", job.job_id, job.req_id, exc)
-            lost = tuple(b for _, m in rest[queued:] for b in m.block_ids)
-            load.expect()  # the unread rest, reported failed as one part
-            load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, lost))
+            lost = [b for m in unsent for b in m.block_ids]
+            if unsent is job.chunks:  # nothing was sent: the job's unavailable blocks too
+                lost += job.unavailable
+            load.expect()  # the rest, reported failed as one part
+            load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, tuple(lost)))
         finally:
             load.close()
+
+    def _streamed(self, job: TransferJob) -> list[tuple[SlotCopy, ChunkMove]]:
+        """Each stream with its chunk's move into vLLM's blocks; TransferError where this
+        worker cannot run them (no SSD store, staging slots not as the plan numbers them)."""
+        if self._ssd is None:
+            raise TransferError("an SSD job reached a worker without ssd_dirs configured")
+        staged = [m for m in job.chunks if m.slot in self._ring]
+        outside = [c.cpu for c in job.streams if c.cpu not in self._ring]
+        if len(staged) != len(job.streams) or outside:
+            raise TransferError(
+                f"{len(job.streams)} streamed chunks, {len(staged)} moves from staging slots "
+                f"{self._ring.first}-{self._ring.first + self._ring.count - 1}, slots outside: "
+                f"{outside[:4]}"
+            )
+        return list(zip(job.streams, staged, strict=True))
 
     def _window(
         self, item: QueuedJob, load: StreamedLoad, part: list[tuple[SlotCopy, ChunkMove]]

@@ -12,8 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm.v1.request import RequestStatus
 
+from miniflex.plan import JobKind
 from miniflex.scheduler import store_planner
+from miniflex.types import ReqId
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 from tests.connector.stats_sum import totals
@@ -93,4 +96,51 @@ def test_chunks_wait_for_a_slot_no_longer_than_the_limit(
     h.run()
     assert totals(h.kv_stats)["stores_skipped"] == LONG - 4
     assert h.finished_and_freed("a") and not h.manager_side.manager.has_jobs()
+    h.shutdown()
+
+
+def test_a_request_preempted_while_its_chunks_wait_stores_none_of_its_freed_blocks(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """vLLM frees a preempted request's blocks: its chunks that waited for a CPU slot must not
+    be stored from them, even when it is aborted before it computes again. The prompt's
+    chunks that were stored are served, byte for byte, and nothing stays held."""
+    h = harness(tmp_path, ssd, ssd_write="through")
+    total = h.free_blocks()
+    h.add("a", prompt(4), max_tokens=20)
+    h.step()  # the whole prompt in one step: 4 chunks placed, the rest wait
+    st = h.manager_side.manager.state_for(ReqId("a"))
+    assert st.store_waits and st.stored_chunks < LONG
+    stored = st.stored_chunks
+    assert h.sched.reset_prefix_cache(reset_running_requests=True)  # preempts "a"
+    h.sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    plans = []
+    while h.sched.requests or h.manager_side.has_pending_push_work():
+        so = h.step()
+        plans.append(so.kv_connector_metadata.plan)
+        assert len(plans) < 50
+    stores = [j for p in plans for j in p.jobs if j.kind is JobKind.STORE]
+    assert all(c.block_ids for j in stores for c in j.chunks)  # never a chunk of no blocks
+    assert sum(len(j.chunks) for j in stores) <= LONG - stored
+    assert h.finished_and_freed("a") and h.free_blocks() == total
+    assert not h.manager_side.manager.has_jobs()
+    reload(h, "again", prompt(4))  # whatever it loads is checked byte for byte
+    h.shutdown()
+
+
+def test_a_finished_request_is_released_after_the_plan_of_its_last_store(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """With a drafter vLLM asks a worker what finished before it hands over the plan's stores,
+    so a release must never ride in the plan of a store of the same request."""
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.add("a", prompt(5), max_tokens=2)
+    plans = []
+    while h.sched.requests or h.manager_side.has_pending_push_work():
+        plans.append(h.step().kv_connector_metadata.plan)
+        assert len(plans) < 100
+    released = [i for i, p in enumerate(plans) if "a" in p.release]
+    stored = [i for i, p in enumerate(plans) for j in p.jobs if j.req_id == "a"]
+    assert len(released) == 1 and stored and max(stored) < released[0]
+    assert totals(h.kv_stats).get("stores_skipped", 0) == 0
     h.shutdown()

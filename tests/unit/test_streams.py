@@ -1,0 +1,72 @@
+"""The staging ring and a streamed load's bookkeeping on a worker, without vLLM or a disk."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+
+from miniflex.plan import ChunkMove, JobId, JobKind, JobResult, SlotCopy, TransferJob
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.worker.job_runner import QueuedJob
+from miniflex.worker.streams import StagingRing, StreamedLoad, Streamer
+
+
+def test_a_staging_slot_is_held_from_its_claim_until_it_is_freed() -> None:
+    ring = StagingRing(first=10, count=4)
+    assert 10 in ring and 13 in ring and 9 not in ring and 14 not in ring
+    ring.claim([SlotId(10), SlotId(11)])
+    assert not ring.idle()
+    ring.free([SlotId(10), SlotId(11)])
+    assert ring.idle()
+
+
+def test_a_claim_naming_a_slot_outside_the_ring_holds_none() -> None:
+    ring = StagingRing(first=10, count=4)
+    with pytest.raises(AssertionError):
+        ring.claim([SlotId(10), SlotId(3)])
+    assert ring.idle()
+
+
+def job(streams: tuple[SlotCopy, ...], moves: tuple[ChunkMove, ...]) -> TransferJob:
+    return TransferJob(
+        JobId(7), ReqId("r"), JobKind.LOAD, moves, unavailable=(BlockId(99),), streams=streams
+    )
+
+
+def test_a_streamed_load_whose_slots_disagree_with_the_ring_fails_whole() -> None:
+    """The scheduler numbered staging slots this worker does not have: nothing is read, the
+    job resolves failed with every block (and its unavailable ones) a load error, and the
+    load thread is handed nothing."""
+    queued: list[QueuedJob] = []
+    ring = StagingRing(first=4, count=2)
+    streamer = Streamer(SimpleNamespace(backend="test"), ring, queued.append)  # type: ignore[arg-type]
+    moves = (ChunkMove(SlotId(0), (BlockId(1), BlockId(2))), ChunkMove(SlotId(9), (BlockId(3),)))
+    bad = job((SlotCopy(ChunkKey(5), SlotId(9), SlotId(0)),), moves)
+    done: Future[JobResult] = Future()
+    streamer.run(QueuedJob(bad, None, done), (set(), 0.0, 0.0))
+    res = done.result(timeout=1)
+    assert not res.ok and set(res.failed_block_ids) == {1, 2, 3, 99}
+    assert queued == [] and ring.idle()
+
+
+def test_a_streamed_load_resolves_once_after_its_last_part() -> None:
+    job_ = job((), ())
+    done: Future[JobResult] = Future()
+    load = StreamedLoad(job_, done, "io_uring")
+    load.expect()
+    load.expect()
+    load.part(JobResult(JobId(7), ReqId("r"), JobKind.LOAD, True, 100, 0.5))
+    load.read({ChunkKey(3)}, 0.25)
+    load.close()  # the reader has queued every part; one is still copying
+    assert not done.done()
+    load.part(JobResult(JobId(7), ReqId("r"), JobKind.LOAD, True, 50, 0.25, (BlockId(4),)))
+    res = done.result(timeout=1)
+    assert (res.ok, res.num_bytes, res.failed_block_ids, res.failed_keys) == (
+        True,
+        150,
+        (4,),
+        (3,),
+    )
+    assert res.seconds == pytest.approx(1.0) and res.ssd_seconds == pytest.approx(0.25)
