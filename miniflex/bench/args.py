@@ -11,6 +11,8 @@ import argparse
 from miniflex.bench.configs import CONFIGS
 from miniflex.bench.decode import DEFAULT_CASES, DecodeCase
 from miniflex.bench.soak_args import add_soak_arguments
+from miniflex.config_parse import parse_seconds
+from miniflex.errors import ConfigError
 
 __all__ = ["WORKLOADS", "add_arguments"]
 
@@ -119,14 +121,11 @@ def _tiers(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--blocks-per-chunk", type=int, help="MiniFlex chunk in blocks (default: auto)")
 
 
-def _seconds(text: str) -> float:
+def _settle_seconds(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, 0 or more")
-    return value
+        return parse_seconds("--ttft-settle", text, 0.0, 3600.0)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _workloads(w: argparse._ArgumentGroup) -> None:
@@ -141,7 +140,7 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     )
     w.add_argument(
         "--ttft-settle",
-        type=_seconds,
+        type=_settle_seconds,
         default=0.0,
         help="ttft: seconds to wait after the eviction, before the evicted prompt is sent, so "
         "that the disk has written what the fillers left and the load is timed alone "

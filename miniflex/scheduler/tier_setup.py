@@ -46,7 +46,7 @@ def build_tiers(
         on_cpu_evict=on_cpu_evict,
         # until writes are seen: as fast as reads
         write_seconds=cost.chunk_bytes / cost.bandwidth[Tier.SSD] if with_ssd else None,
-        stream_slots=stream_slots if ssd_slots > 0 else 0,
+        stream_slots=stream_slots,
     )
 
 

@@ -91,7 +91,7 @@ def open_rank_io(
             mover=make_mover(config, layout, kv_caches, pool),
             store_mover=make_mover(config, layout, kv_caches, pool, stores_only=True),
             promoter=Promoter(ssd, shared, setup.writes, fetcher),
-            staging=staging if ssd is not None else 0,
+            staging=staging,
         )
     except BaseException:  # what was opened is closed: the handler never saw it
         if ssd is not None:

@@ -166,7 +166,8 @@ class Streamer:
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the load thread yet
         try:
             rest = self._streamed(job)
-            head = replace(job, chunks=tuple(m for m in job.chunks if m.slot not in self._ring))
+            cpu_slots = tuple(m for m in job.chunks if m.slot not in self._ring)
+            head = replace(job, chunks=cpu_slots, streams=())  # resident and promoted chunks
             self._queue(item, head, load, promoted, ())
             unsent = tuple(m for _, m in rest)
             for i in range(0, len(rest), self.window):
