@@ -7,7 +7,8 @@
 # DEST/bin holds wrappers that run the copied binaries with DEST/lib as their library path,
 # so nothing else sees those libraries (torch needs its own newer libstdc++: the C and C++
 # runtimes are not copied, the target's are newer). DEST/site holds the pure-Python client
-# (hiredis, a compiled extension, is left out; the client parses replies without it).
+# (hiredis, a compiled extension, is left out; the client parses replies without it) and the
+# crc32c wheel for the target's Python, unpacked.
 # DEST/env.sh puts both on PATH and PYTHONPATH. There:
 #   run(carry=[".redisstage"], command="cp -r .redisstage /tmp/redisstage && ...")
 #   source /tmp/redisstage/env.sh && redis-server --version
@@ -31,6 +32,10 @@ WRAP
 done
 CLIENT="$("$PY" -c 'import os, redis; print(os.path.dirname(redis.__file__))')"
 cp -r "$CLIENT" "$DEST/site/redis"
+# the checksum library (a compiled wheel, for the target's Python: TARGET_PYTHON, default 3.12)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${TARGET_PYTHON:-3.12}" \
+  --platform manylinux2014_x86_64 -d "$DEST/wheels" crc32c
+"$PY" -m zipfile -e "$DEST"/wheels/crc32c-*.whl "$DEST/site"
 find "$DEST/site" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$DEST/env.sh" <<'ENV'
 STAGE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

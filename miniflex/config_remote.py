@@ -283,10 +283,11 @@ REMOTE_SPECS: dict[str, Spec] = {
     "remote_fetch_streams": (
         lambda k, v: parse_int(k, v, 1, 64),
         1,
-        "Remote fetches of one load in flight at once, per TP rank, each on a connection of "
-        "its own, so that one chunk's round trip, copy and checksum overlap another's; the "
-        "start-up probe fetches as many at once. On a 2-core host more than 1 gains nothing "
-        "(`python -m bench.remote_bench --streams 1 2 4`).",
+        "Connections a load's remote fetches use at once, per TP rank; the chunks are dealt "
+        "to them in turn, and each reads its share in pipelined windows of about 32 MiB "
+        "straight into the CPU slots (one server; TLS and clusters fetch one chunk per call "
+        "and connection). More than 1 helps beside a busy engine thread and costs a little "
+        "on an idle 2-core host (`python -m bench.remote_wire --streams 4`).",
         "1",
     ),
     "remote_retry_s": (

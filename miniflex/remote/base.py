@@ -36,7 +36,7 @@ Example::
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -124,6 +124,27 @@ class RemoteStore(abc.ABC):
         :meth:`get`; a value longer than ``buf`` is corrupt too (one namespace
         has one chunk size). After ``None``, ``buf``'s bytes are unspecified.
         """
+
+    def get_many_into(
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        done: Callable[[int, int | None], None] | None = None,
+    ) -> list[int | None]:
+        """:meth:`get_into` of each ``(key, buf)``, in order: each result as ``get_into``'s.
+
+        What a load's fetches call, from one thread per stream. A backend may keep
+        several requests in flight (pipelined) and fill the buffers as replies
+        arrive. ``done(i, result)``, if given, is called once per item, in order,
+        as soon as that item's result is known, so that its copy onward can start
+        while later items are still arriving. The base class calls ``get_into``
+        one item after another.
+        """
+        out: list[int | None] = []
+        for i, (key, buf) in enumerate(items):
+            out.append(self.get_into(key, buf))
+            if done is not None:
+                done(i, out[-1])
+        return out
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:

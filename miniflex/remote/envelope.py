@@ -10,8 +10,13 @@ chunk in 2 MiB parts reads 1.5x as fast as in one piece (docs/design.md,
 Header, 64 bytes, little endian::
 
     magic "MFXR" | envelope version u16 | MiniFlex format version u16
-    | namespace digest 16B | chunk key 16B | payload length u64 | CRC32 u32
+    | namespace digest 16B | chunk key 16B | payload length u64 | checksum u32
     | parts u32 | 8 reserved (zero)
+
+The checksum is CRC32C (Castagnoli, the ``crc32c`` library: about 20 GB/s on one
+core with the CPU's CRC instruction, against 2-5 GB/s for ``zlib.crc32``) in
+envelope version 2, which every put writes; values of version 1 (``zlib.crc32``)
+are still read, so a store written by an older MiniFlex keeps serving.
 
 Example::
 
@@ -28,6 +33,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import crc32c
+
 from miniflex.bytecopy import copy_into
 from miniflex.errors import MiniFlexError
 from miniflex.keys import FORMAT_VERSION
@@ -38,6 +45,7 @@ __all__ = [
     "HEADER_BYTES",
     "CorruptValueError",
     "Header",
+    "checksum",
     "open_envelope",
     "pack_header",
     "read_header",
@@ -45,7 +53,9 @@ __all__ = [
     "verify",
 ]
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
+"""The version puts write (CRC32C); version 1 (zlib's CRC32) is read too."""
+_READABLE = (1, 2)
 _MAGIC = b"MFXR"
 _HEADER = struct.Struct("<4sHH16s16sQII8x")
 HEADER_BYTES = _HEADER.size
@@ -71,9 +81,21 @@ def pack_header(namespace_digest: bytes, key: ChunkKey, data: memoryview, parts:
         namespace_digest,
         key.to_bytes(16, "little"),
         len(data),
-        zlib.crc32(data),
+        crc32c.crc32c(data),
         parts,
     )
+
+
+def checksum(version: int, data: memoryview, value: int = 0, hold_lock: bool = False) -> int:
+    """``data``'s checksum in envelope ``version``, continued from ``value``.
+
+    ``hold_lock``: compute it without giving the interpreter lock up (CRC32C only). At about
+    20 GB/s a chunk takes well under a millisecond, less than the wait to take the lock back
+    beside a thread running Python (up to 5 ms), so a fetch thread keeps it.
+    """
+    if version == 1:
+        return zlib.crc32(data, value)
+    return crc32c.crc32c(data, value, gil_release_mode=0 if hold_lock else -1)
 
 
 @dataclass(frozen=True)
@@ -82,7 +104,9 @@ class Header:
 
     length: int
     crc32: int
+    """The checksum (CRC32 in version 1, CRC32C in version 2)."""
     parts: int
+    version: int = ENVELOPE_VERSION
 
 
 def read_header(raw: bytes | None, namespace_digest: bytes, key: ChunkKey) -> Header:
@@ -90,13 +114,13 @@ def read_header(raw: bytes | None, namespace_digest: bytes, key: ChunkKey) -> He
     if raw is None or len(raw) != HEADER_BYTES:
         raise CorruptValueError("no MiniFlex header")
     magic, version, fmt, digest, raw_key, length, crc, count = _HEADER.unpack(raw)
-    if magic != _MAGIC or version != ENVELOPE_VERSION:
-        raise CorruptValueError(f"not a MiniFlex envelope of version {ENVELOPE_VERSION}")
+    if magic != _MAGIC or version not in _READABLE:
+        raise CorruptValueError(f"not a MiniFlex envelope of version {ENVELOPE_VERSION} or older")
     if fmt != FORMAT_VERSION:
         raise CorruptValueError(f"format version {fmt}, this MiniFlex reads {FORMAT_VERSION}")
     if digest != namespace_digest or raw_key != key.to_bytes(16, "little"):
         raise CorruptValueError("written for another namespace or chunk key")
-    return Header(length, crc, count)
+    return Header(length, crc, count, version)
 
 
 def verify(header: Header, parts: Sequence[bytes], out: memoryview | None = None) -> None:
@@ -115,7 +139,7 @@ def verify(header: Header, parts: Sequence[bytes], out: memoryview | None = None
     if out is None:
         crc = 0
         for part in parts:
-            crc = zlib.crc32(part, crc)
+            crc = checksum(header.version, memoryview(part), crc)
     else:
         at = 0
         for part in parts:
@@ -123,7 +147,7 @@ def verify(header: Header, parts: Sequence[bytes], out: memoryview | None = None
         # once over the copy: one handoff of the lock, not one a part. The slot must not be
         # written meanwhile (the worker's SlotGuard): a changed byte would fail the check,
         # and a value failing it is deleted from the store
-        crc = zlib.crc32(out[:total])
+        crc = checksum(header.version, out[:total])
     if crc != header.crc32:
         raise CorruptValueError("checksum mismatch")
 

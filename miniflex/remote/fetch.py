@@ -5,9 +5,9 @@ promotions) before the load's GPU copies. Each rank fetches its own shard's
 value into the slot the scheduler allocated; a fetch that fails (a miss, the
 store down or slow, a value that fails verification, which the store deletes)
 is reported in the job's failed keys, so its blocks become load errors and
-vLLM recomputes them. Up to ``streams`` fetches run at once, each on a
-connection of the store's own pool, so that one chunk's round trip, copy and
-checksum overlap the next one's::
+vLLM recomputes them. The chunks are fetched by ``streams`` threads at once,
+each on a connection of its own with several requests in flight
+(:meth:`RemoteStore.get_many_into`)::
 
     fetcher = RemoteFetcher(store, pool, streams=4)
     failed, seconds = fetcher.fetch(job.remote)
@@ -45,20 +45,25 @@ class RemoteFetcher:
     def fetch(self, copies: Sequence[RemoteCopy]) -> tuple[set[ChunkKey], float]:
         """Fill each copy's CPU slot: (keys that failed, seconds the fetches took).
 
-        A value must fill the slot exactly: one namespace has one chunk size, so a
-        shorter one is not this chunk (the slot's bytes are then unspecified).
+        The copies are dealt to the streams in turn (stream ``s`` fetches copies
+        ``s``, ``s + streams``, ...), each stream one batch of
+        :meth:`RemoteStore.get_many_into` on a connection of its own. A value must
+        fill the slot exactly: one namespace has one chunk size, so a shorter one
+        is not this chunk (the slot's bytes are then unspecified).
         """
         t0 = time.perf_counter()
-        if self._threads is None or len(copies) < 2:
-            missed = [self._fetch_one(c) for c in copies]
+        shares = [copies[s :: self.streams] for s in range(min(self.streams, len(copies)))]
+        if self._threads is None or len(shares) < 2:
+            missed = [k for share in shares for k in self._fetch_share(share)]
         else:
-            missed = list(self._threads.map(self._fetch_one, copies))
-        return {k for k in missed if k is not None}, time.perf_counter() - t0
+            missed = [k for got in self._threads.map(self._fetch_share, shares) for k in got]
+        return set(missed), time.perf_counter() - t0
 
-    def _fetch_one(self, c: RemoteCopy) -> ChunkKey | None:
-        """``c``'s key if its fetch failed, else None."""
-        slot = memoryview(self.pool.slot(c.cpu)).cast("B")
-        return None if self.store.get_into(c.key, slot) == len(slot) else c.key
+    def _fetch_share(self, copies: Sequence[RemoteCopy]) -> list[ChunkKey]:
+        """The keys of ``copies`` whose fetch failed."""
+        slots = [memoryview(self.pool.slot(c.cpu)).cast("B") for c in copies]
+        got = self.store.get_many_into([(c.key, s) for c, s in zip(copies, slots, strict=True)])
+        return [c.key for c, n, s in zip(copies, got, slots, strict=True) if n != len(s)]
 
     def close(self) -> None:
         """Stop the fetch threads (after the fetches in flight); idempotent."""

@@ -75,8 +75,10 @@ class LocalServer:
         maxmemory: str = "1gb",
         port: int | None = None,
         cluster: bool = False,
+        io_threads: int = 1,
     ) -> None:
-        """``cluster``: a Redis Cluster node (its slots assigned by :class:`LocalCluster`)."""
+        """``cluster``: a Redis Cluster node (its slots assigned by :class:`LocalCluster`);
+        ``io_threads``: the server's I/O threads (``io-threads``, reads too; 1: none)."""
         binary = server_binary()
         if binary is None:
             raise MiniFlexError("neither redis-server nor valkey-server is installed")
@@ -88,6 +90,8 @@ class LocalServer:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._conf = self._dir / "server.conf"
         text = _conf_text(self.port, password, acl_users, tls, maxmemory)
+        if io_threads > 1:
+            text += f"io-threads {io_threads}\nio-threads-do-reads yes\n"
         if cluster:
             text += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
             text += f"cluster-node-timeout 2000\ncluster-port {self.cluster_port}\n"

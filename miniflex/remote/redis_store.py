@@ -7,6 +7,11 @@ fields ``0`` .. ``n-1`` (the payload in parts of ``part_bytes``). A put is
 a get is one ``HGETALL``. A hash is one key, so the server's ``allkeys-lru``
 eviction and Redis Cluster's slots treat a chunk as one unit.
 
+Fetches (``get_into``, ``get_many_into``) from one plain TCP or Unix-socket
+server run on MiniFlex's own connections (:mod:`miniflex.remote.wire_fetch`):
+``HMGET`` of the header and the parts, pipelined, read straight into the slot.
+TLS and clusters fetch through the ``redis`` client, one chunk per call.
+
 The client never retries in place and never waits longer than
 ``timeout_s`` per socket operation; :class:`~miniflex.remote.link.Link`
 turns failures into counted fast failures and reconnects (see
@@ -36,6 +41,8 @@ from miniflex.remote.envelope import (
 )
 from miniflex.remote.link import Link
 from miniflex.remote.redis_clients import open_client
+from miniflex.remote.wire import Endpoint
+from miniflex.remote.wire_fetch import ChunkReader, Done, WireFetcher
 from miniflex.types import ChunkKey
 
 __all__ = ["ACL_RULES", "PART_BYTES", "RedisStore"]
@@ -113,6 +120,17 @@ class RedisStore(RemoteStore):
                 ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file
             )
         self._client = open_client(url, tls, options)
+        self._wire = self._wire_fetcher(timeout_s)
+
+    def _wire_fetcher(self, timeout_s: float) -> WireFetcher | None:
+        """The fetch path on MiniFlex's own connections (None: TLS or a cluster)."""
+        if not isinstance(self._client, redis.Redis):
+            return None  # a cluster (built on first use: not touched here)
+        pool = self._client.connection_pool
+        if issubclass(pool.connection_class, redis.SSLConnection):
+            return None
+        reader = ChunkReader(self._digest, self._part_bytes, self.redis_key, self._drop_corrupt)
+        return WireFetcher(Endpoint.of_pool(pool.connection_kwargs), self._link, reader, timeout_s)
 
     def redis_key(self, key: ChunkKey) -> str:
         """The Redis key holding ``key``'s chunk in this namespace."""
@@ -193,12 +211,22 @@ class RedisStore(RemoteStore):
 
     def get_into(self, key: ChunkKey, buf: bytearray | memoryview) -> int | None:
         out = memoryview(buf).cast("B")
+        if self._wire is not None:
+            return self.get_many_into([(key, out)])[0]
 
         def fill(header: Header, parts: list[bytes]) -> int:
             verify(header, parts, out)
             return header.length
 
         return self._read(key, fill)
+
+    def get_many_into(
+        self, items: Sequence[tuple[ChunkKey, memoryview]], done: Done | None = None
+    ) -> list[int | None]:
+        if self._wire is None:
+            return super().get_many_into(items, done)
+        views = [(key, memoryview(buf).cast("B")) for key, buf in items]
+        return self._wire.get_many_into(views, done)
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         self._link.count(lookups=len(keys))
@@ -225,6 +253,8 @@ class RedisStore(RemoteStore):
 
     def close(self) -> None:
         self._closed = True
+        if self._wire is not None:
+            self._wire.close()
         self._client.close()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T | _Failed:

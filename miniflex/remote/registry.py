@@ -19,7 +19,10 @@ from miniflex.remote.base import RemoteStore
 __all__ = ["BACKENDS", "open_remote_store"]
 
 BACKENDS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
-    {scheme: ("miniflex.remote.redis_store", "RedisStore", "redis") for scheme in REMOTE_SCHEMES}
+    {
+        scheme: ("miniflex.remote.redis_store", "RedisStore", "redis, crc32c")
+        for scheme in REMOTE_SCHEMES
+    }
 )
 """URL scheme -> (module, class, client library it imports)."""
 
@@ -44,7 +47,7 @@ def open_remote_store(cfg: MiniFlexConfig, namespace_digest: bytes) -> RemoteSto
         raise ConfigError(
             "remote_url",
             cfg.remote_url,
-            f"the {library!r} client library is missing ({exc}): pip install 'miniflex[remote]'",
+            f"a library it needs ({library}) is missing ({exc}): pip install 'miniflex[remote]'",
         ) from None
     store_class: type[RemoteStore] = getattr(module, class_name)
     return store_class(  # type: ignore[call-arg]

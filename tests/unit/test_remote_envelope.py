@@ -46,6 +46,7 @@ def test_a_sealed_value_opens_to_the_same_bytes() -> None:
         (lambda h, p: (h, [p[0], p[1] + b"x", p[2]]), "bytes, the header says"),
         (lambda h, p: (None, p), "no MiniFlex header"),
         (lambda h, p: (b"XXXX" + h[4:], p), "not a MiniFlex envelope"),
+        (lambda h, p: (h[:4] + b"\x03\0" + h[6:], p), "not a MiniFlex envelope of version 2"),
         (lambda h, p: (h[:6] + b"\x63\0" + h[8:], p), "format version 99"),
         (lambda h, p: (h[:8] + bytes(16) + h[24:], p), "another namespace"),
     ],
@@ -62,3 +63,18 @@ def test_the_same_bytes_under_another_key_or_namespace_are_refused() -> None:
         open_envelope(header, parts, NS, ChunkKey(KEY + 1))
     with pytest.raises(CorruptValueError, match="another namespace or chunk key"):
         open_envelope(header, parts, bytes(16), KEY)
+
+
+def test_puts_write_version_2_with_a_crc32c() -> None:
+    """The checksum field is the payload's CRC32C (not zlib's CRC32, version 1's)."""
+    import struct
+    import zlib
+
+    import crc32c
+
+    header, _ = _sealed()
+    version, checksum = (
+        struct.unpack_from("<H", header, 4)[0],
+        struct.unpack_from("<I", header, 48)[0],
+    )
+    assert version == 2 and checksum == crc32c.crc32c(DATA) != zlib.crc32(DATA)
