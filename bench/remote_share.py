@@ -2,7 +2,8 @@
 
     python -m bench.remote_share [--model DIR] [--load-format dummy] [--prompt-tokens 2048]
         [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
-        [--server-memory 8gb] [--b-hit-policies cost,load] [--eager] [--json PATH]
+        [--server-memory 8gb] [--server-io-threads 1] [--b-hit-policies cost,load] [--eager]
+        [--json PATH]
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
 and repeat; write-through puts its chunks in the store, and A shuts down
@@ -65,6 +66,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--url", default=None, help="an existing store (default: a private one)")
     p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
+    p.add_argument(
+        "--server-io-threads", type=int, default=1, help="the private store's io-threads"
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -165,7 +169,8 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "store": url,
         "settings": vars(args),
         "rows": rows,
-        "summary": summary(rows),
+        "kv_bytes_per_token": kv_bytes,
+        "summary": summary(rows, kv_bytes),
     }
 
 
@@ -206,8 +211,12 @@ def _serve_b(
     return rows
 
 
-def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Medians per engine B policy and prompt length, and the ratios of interest."""
+def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any]]:
+    """Medians per engine B policy and prompt length, and the ratios of interest.
+
+    ``fetch_gbps``: the bytes of the remote hit over the time it took beyond the same
+    prompt's CPU-tier hit (what the fetch adds to a load; None without a remote hit or
+    ``kv_bytes``, the KV bytes per token)."""
     out = []
     for policy, n in sorted({(r.get("hit_policy", "cost"), r["prompt_tokens"]) for r in rows}):
         mine = [
@@ -215,6 +224,8 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ]
         med = {k: statistics.median(r[f"{k}_ms"] for r in mine) for k in STEPS}
         remote_tokens = min(r["remote_tiers"].get("remote", 0) for r in mine)
+        extra_s = (med["remote"] - med["cpu"]) / 1e3
+        fetch = remote_tokens * kv_bytes / extra_s / 1e9 if remote_tokens and extra_s > 0 else None
         out.append(
             {"hit_policy": policy, "prompt_tokens": n, "runs": len(mine)}
             | {f"{k}_ms": round(v, 1) for k, v in med.items()}
@@ -222,6 +233,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "remote_hit_tokens_min": remote_tokens,
                 "recompute_over_remote": round(med["recompute"] / med["remote"], 2),
                 "remote_over_cpu": round(med["remote"] / med["cpu"], 2),
+                "fetch_gbps": None if fetch is None else round(fetch, 2),
             }
         )
     return out
@@ -230,15 +242,15 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| B's hit_policy | prompt | recompute ms | remote ms | cpu ms | recompute/remote "
-        "| remote/cpu | remote hit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| remote/cpu | remote hit | fetch GB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
             f"| {s['hit_policy']} | {s['prompt_tokens']} | {s['recompute_ms']} | "
             f"{s['remote_ms']} | {s['cpu_ms']} | "
             f"{s['recompute_over_remote']}x | {s['remote_over_cpu']}x | "
-            f"{s['remote_hit_tokens_min']} |"
+            f"{s['remote_hit_tokens_min']} | {s.get('fetch_gbps')} |"
         )
     return "\n".join(lines)
 
@@ -261,7 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with (
             tempfile.TemporaryDirectory() as tmp,
-            LocalServer(tmp, maxmemory=args.server_memory) as srv,
+            LocalServer(
+                tmp, maxmemory=args.server_memory, io_threads=args.server_io_threads
+            ) as srv,
         ):
             result = measure(srv.url, args)
     result["provenance"] = provenance(on_cuda(), args.commit)
