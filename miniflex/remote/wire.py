@@ -8,6 +8,8 @@ beside vLLM's engine thread each take-back waits up to the switch interval
 payload, once the framing is known, goes straight to the caller's memory in one
 ``recvmsg_into`` with ``MSG_WAITALL`` (a scatter read of every part and the
 frames between them): one system call, and one hand-off of the lock, per chunk.
+Framing reads and sends first try without giving the lock up
+(:mod:`miniflex.remote.held_io`): their bytes are usually there already.
 
 Bounded time: the socket is blocking with ``SO_RCVTIMEO``/``SO_SNDTIMEO`` of
 ``timeout_s``, so each system call returns within it; a call that returns with
@@ -25,6 +27,7 @@ socket; TLS and clusters keep the ``redis`` client). Example::
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import socket
 import struct
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from miniflex.errors import MiniFlexError
+from miniflex.remote.held_io import recv_now, send_now
 from miniflex.remote.resp import RespPacker
 
 __all__ = ["Endpoint", "ReplyError", "WireConnection", "WireError", "WireTimeout"]
@@ -88,6 +92,7 @@ class WireConnection:
         self._packer = RespPacker()
         self._buf = bytearray(SCRATCH_BYTES)
         self._view = memoryview(self._buf)
+        self._address = ctypes.addressof((ctypes.c_char * SCRATCH_BYTES).from_buffer(self._buf))
         self._start = self._end = 0
         self._sock = _connect(endpoint, timeout_s)
         try:
@@ -115,8 +120,11 @@ class WireConnection:
 
     def send_all(self, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
         """Send packed commands, several at once (a pipeline) if given together."""
+        data = b"".join(buffers)
         try:
-            self._sock.sendall(b"".join(buffers))
+            sent = send_now(self._sock.fileno(), data) or 0  # the usual case: no wait
+            if sent < len(data):
+                self._sock.sendall(memoryview(data)[sent:])
         except OSError as exc:
             raise _as_wire_error(exc, "send") from None
 
@@ -167,7 +175,17 @@ class WireConnection:
             rest = self._end - self._start
             self._buf[:rest] = self._view[self._start : self._end]
             self._start, self._end = 0, rest
-        self._end += self._recv([self._view[self._end :]], wait_all=False)
+        try:
+            got = recv_now(
+                self._sock.fileno(), self._address + self._end, len(self._buf) - self._end
+            )
+        except OSError as exc:
+            raise _as_wire_error(exc, "receive") from None
+        if got == 0:
+            raise WireError("the server closed the connection")
+        if got is None:  # nothing there yet: wait for it, giving the lock up
+            got = self._recv([self._view[self._end :]], wait_all=False)
+        self._end += got
 
     def _recv(self, buffers: list[memoryview], wait_all: bool = True) -> int:
         flags = socket.MSG_WAITALL if wait_all else 0

@@ -4,15 +4,16 @@
 :meth:`RemoteStore.get_many_into` of a store on one plain TCP or Unix-socket
 server. A batch runs on one connection (several batches at once each take
 their own, from a pool that keeps them open), a window of chunks at a time
-(:mod:`miniflex.remote.chunk_reply`): the window's header requests, then its
-parts requests sent together with the next window's header requests, so the
-server always has the next thing to do. A window's payload is read in one
-system call, so a batch gives the interpreter lock up about three times per
-window rather than several times per chunk.
+(:mod:`miniflex.remote.chunk_reply`): a window's header requests, then its
+parts requests, with two windows' parts in flight so that the server always has
+the next thing to send. A window's payload is read in one system call, and its
+framing reads and sends rarely wait (:mod:`miniflex.remote.held_io`), so a
+batch gives the interpreter lock up about once per window rather than several
+times per chunk.
 
 Memory: nothing is buffered on this side beyond a 64 KiB framing buffer per
 connection (the payload goes to the caller's slots); the server holds at most
-one window's replies (``WINDOW_BYTES``) per connection in its output buffer.
+two windows' replies (2 x ``WINDOW_BYTES``) per connection in its output buffer.
 
 Failures follow the store's contract (:mod:`miniflex.remote.base`): a value
 that fails verification is dropped and is a miss; an error reply is counted and
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from miniflex.remote.chunk_reply import (
     OutOfStep,
@@ -50,6 +51,16 @@ MAX_WINDOW = 32
 Done = Callable[[int, "int | None"], None]
 """Called with each item's index and result, in order, as soon as it is known."""
 Items = Sequence[tuple[ChunkKey, memoryview]]
+
+
+@dataclass
+class _Window:
+    """A window whose headers were read: the chunks asked for, their expected replies, and
+    the requests asking for them."""
+
+    asked: list[int] = field(default_factory=list)
+    parts: PartsPlan = field(default_factory=PartsPlan)
+    words: list[bytes | bytearray | memoryview] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -111,21 +122,33 @@ class WireFetcher:
         results: list[int | None],
         report: Callable[[int], None],
     ) -> None:
-        """Fetch ``items`` on ``conn`` window by window; results of a failed rest stay None."""
+        """Fetch ``items`` on ``conn`` window by window; results of a failed rest stay None.
+
+        Two windows' parts are in flight: the requests go out as ``H0 H1 | P0 H2 P1 H3 |
+        P2 H4 | P3 H5 ...`` (H: a window's header requests, P: its parts requests), so
+        that after reading window k's parts the next thing on the wire is window k+2's
+        headers, and the server is sending window k+1's parts meanwhile (also while this
+        thread waits to take the interpreter lock back)."""
         width = max(1, min(MAX_WINDOW, WINDOW_BYTES // max(1, len(items[0][1]))))
         starts = list(range(0, len(items), width))
+        windows = [items[at : at + width] for at in starts]
+
+        def heads(j: int) -> list[bytes | bytearray | memoryview]:
+            return self._headers(conn, windows[j]) if j < len(windows) else []
+
         try:
-            conn.send_all(self._headers(conn, items[:width]))
-            for start in starts:
-                window, after = (
-                    items[start : start + width],
-                    items[start + width : start + 2 * width],
-                )
-                done = self._window(conn, window, results, start, after)
-                report(start + done)
+            conn.send_all(heads(0) + heads(1))
+            ahead = {j: self._plan(conn, windows[j]) for j in (0, 1) if j < len(windows)}
+            conn.send_all([w for j in sorted(ahead) for w in ahead[j].words + heads(j + 2)])
+            for k, window in enumerate(windows):
+                done = self._finish(conn, window, ahead.pop(k), results, starts[k])
+                report(starts[k] + done)
                 if done < len(window):
                     conn.close()  # out of step with its requests
                     return
+                if k + 2 < len(windows):
+                    ahead[k + 2] = self._plan(conn, windows[k + 2])
+                    conn.send_all(ahead[k + 2].words + heads(k + 4))
         except WireError as exc:
             conn.close()
             self._link.failed(exc, timeout=isinstance(exc, WireTimeout))
@@ -133,28 +156,31 @@ class WireFetcher:
         self._link.succeeded()
         self._give(conn)
 
-    def _window(
-        self, conn: WireConnection, window: Items, results: list[int | None], at: int, after: Items
-    ) -> int:
-        """One window whose header requests are sent; sends ``after``'s with its parts requests.
-        How many of its items are done (fewer than all: the connection is out of step)."""
+    def _plan(self, conn: WireConnection, window: Items) -> _Window:
+        """Read a window's header replies: what its parts requests and replies will be."""
         reader = self._reader
         headers = [self._header(conn, key, out) for key, out in window]
-        asked = [i for i, h in enumerate(headers) if h is not None]
-        words = [
-            part
-            for i in asked
-            for part in conn.pack(*parts_request(reader.name_of(window[i][0]), headers[i].parts))  # type: ignore[union-attr]
-        ]
-        conn.send_all(words + self._headers(conn, after))
-        plan = PartsPlan()
-        for i in asked:
-            plan.add(window[i][1], headers[i], reader.part_bytes)  # type: ignore[arg-type]
-        plan.read(conn)
-        for j, i in enumerate(asked):
+        plan = _Window()
+        for i, header in enumerate(headers):
+            if header is None:
+                continue
+            key, out = window[i]
+            plan.asked.append(i)
+            plan.parts.add(out, header, reader.part_bytes)
+            plan.words += conn.pack(*parts_request(reader.name_of(key), header.parts))
+        return plan
+
+    def _finish(
+        self, conn: WireConnection, window: Items, plan: _Window, results: list[int | None], at: int
+    ) -> int:
+        """Read a window's parts and verify each chunk; how many of its items are done
+        (fewer than all: the connection is out of step)."""
+        reader = self._reader
+        plan.parts.read(conn)
+        for j, i in enumerate(plan.asked):
             name = reader.name_of(window[i][0])
             try:
-                results[at + i] = n = plan.verified(j)
+                results[at + i] = n = plan.parts.verified(j)
             except OutOfStep as exc:
                 reader.drop(name, exc)
                 return i
