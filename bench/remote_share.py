@@ -2,8 +2,8 @@
 
     python -m bench.remote_share [--model DIR] [--load-format dummy] [--prompt-tokens 2048]
         [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
-        [--server-memory 8gb] [--server-io-threads 1] [--b-hit-policies cost,load] [--eager]
-        [--json PATH]
+        [--server-memory 8gb] [--server-io-threads 1] [--server redis-server|valkey-server]
+        [--b-hit-policies cost,load] [--eager] [--json PATH]
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
 and repeat; write-through puts its chunks in the store, and A shuts down
@@ -42,6 +42,7 @@ from miniflex.bench.configs import TierSizes, parse_configs, with_settings
 from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
 from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
+from miniflex.remote.local_server import SERVER_BINARIES
 
 STEPS = ("recompute", "remote", "cpu")
 
@@ -68,6 +69,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
     p.add_argument(
         "--server-io-threads", type=int, default=1, help="the private store's io-threads"
+    )
+    p.add_argument(
+        "--server", choices=SERVER_BINARIES, default=None, help="the private store's binary"
     )
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")

@@ -1,7 +1,8 @@
 """The remote fetch path against loopback TCP and a plain reader, idle and beside busy Python.
 
     python -m bench.remote_wire [--url redis://HOST:PORT] [--tokens 64] [--count 48]
-                                [--streams 4] [--repeat 3] [--io-threads 1] [--json PATH]
+                                [--streams 4] [--repeat 3] [--io-threads 1]
+                                [--server redis-server|valkey-server] [--json PATH]
 
 Rows, each ``--count`` chunks of ``--tokens`` tokens of an 8B model (144 KiB a
 token; 64 tokens are 9.4 MB), into a pool of as many slots, on the same
@@ -47,7 +48,7 @@ from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
-from miniflex.remote.local_server import LocalServer
+from miniflex.remote.local_server import SERVER_BINARIES, LocalServer
 from miniflex.remote.redis_store import RedisStore
 from miniflex.types import ChunkKey, SlotId
 
@@ -217,16 +218,21 @@ def main() -> None:
     ap.add_argument(
         "--io-threads", type=int, default=1, help="the private server's io-threads (1: none)"
     )
+    ap.add_argument(
+        "--server", choices=SERVER_BINARIES, default=None, help="the private server's binary"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     if min(args.tokens, args.count, args.repeat, args.io_threads) < 1 or args.streams < 2:
         ap.error("--tokens, --count, --repeat, --io-threads must be at least 1, --streams 2")
-    if args.url and args.io_threads > 1:
-        ap.error("--io-threads starts a private server: not with --url")
+    if args.url and (args.io_threads > 1 or args.server):
+        ap.error("--io-threads and --server start a private server: not with --url")
     with tempfile.TemporaryDirectory(prefix="miniflex-remote-wire-") as tmp:
         server = None
         if not args.url:
-            server = LocalServer(tmp, maxmemory="4gb", io_threads=args.io_threads).start()
+            server = LocalServer(
+                tmp, maxmemory="4gb", io_threads=args.io_threads, binary=args.server
+            ).start()
         url = args.url or server.url  # type: ignore[union-attr]
         try:
             rows = measure(url, args)

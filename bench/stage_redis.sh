@@ -17,7 +17,9 @@ DEST="${1:-.redisstage}"
 PY="${PYTHON:-python3}"  # the interpreter whose `redis` client is copied
 rm -rf "$DEST" && mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/site"
 SKIP='^(linux-vdso|libc\.so|libm\.so|ld-linux|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s)'
-for tool in redis-server redis-benchmark; do
+tools=(redis-server redis-benchmark)
+command -v valkey-server >/dev/null && tools+=(valkey-server)  # optional: bench --server
+for tool in "${tools[@]}"; do
   src="$(command -v "$tool")" || { echo "[stage_redis] $tool is not installed" >&2; exit 2; }
   cp -L "$src" "$DEST/lib/$tool"
   ldd "$src" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do

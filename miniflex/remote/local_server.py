@@ -30,16 +30,25 @@ from types import TracebackType
 
 from miniflex.errors import MiniFlexError
 
-__all__ = ["LocalCluster", "LocalServer", "ServerTLS", "free_port", "server_binary"]
+__all__ = [
+    "SERVER_BINARIES",
+    "LocalCluster",
+    "LocalServer",
+    "ServerTLS",
+    "free_port",
+    "server_binary",
+]
 
-_BINARIES = ("redis-server", "valkey-server")
+SERVER_BINARIES = ("redis-server", "valkey-server")
+"""The servers a :class:`LocalServer` can run, the default first."""
 _START_TIMEOUT_S = 10.0
 
 
-def server_binary() -> str | None:
-    """The path of ``redis-server`` or ``valkey-server``, whichever is installed; else None."""
-    for name in _BINARIES:
-        path = shutil.which(name)
+def server_binary(name: str | None = None) -> str | None:
+    """The path of ``name`` (one of :data:`SERVER_BINARIES`), or of the first of them
+    installed; None if it is not installed."""
+    for candidate in SERVER_BINARIES if name is None else (name,):
+        path = shutil.which(candidate)
         if path is not None:
             return path
     return None
@@ -76,12 +85,18 @@ class LocalServer:
         port: int | None = None,
         cluster: bool = False,
         io_threads: int = 1,
+        binary: str | None = None,
     ) -> None:
         """``cluster``: a Redis Cluster node (its slots assigned by :class:`LocalCluster`);
-        ``io_threads``: the server's I/O threads (``io-threads``, reads too; 1: none)."""
-        binary = server_binary()
-        if binary is None:
-            raise MiniFlexError("neither redis-server nor valkey-server is installed")
+        ``io_threads``: the server's I/O threads (``io-threads``, reads too; 1: none);
+        ``binary``: ``redis-server`` or ``valkey-server`` (None: whichever is installed)."""
+        assert binary is None or binary in SERVER_BINARIES, binary
+        path = server_binary(binary)
+        if path is None:
+            raise MiniFlexError(
+                f"{binary or 'neither redis-server nor valkey-server'} is not installed"
+            )
+        binary = path
         self.binary = binary
         self.port = free_port() if port is None else port
         self.cluster_port = free_port() if cluster else None  # not port + 10000: may be taken

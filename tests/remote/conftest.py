@@ -1,8 +1,9 @@
 """Fixtures for the remote-store tests: a real ``redis-server`` per test, on a free port.
 
-``scripts/test.sh`` installs ``redis-server`` (Debian's package) and
-``scripts/setup.sh`` the ``redis`` client; where either is missing these tests
-are skipped with the reason. Every server is a private child process (no persistence, 1 GB,
+``scripts/test.sh`` installs ``redis-server`` and ``valkey-server`` (Debian's
+packages) and ``scripts/setup.sh`` the ``redis`` client; where either is missing
+these tests are skipped with the reason. Tests that take the ``server`` fixture
+run against each of the two servers. Every server is a private child process (no persistence, 1 GB,
 ``allkeys-lru``) killed when its test ends.
 """
 
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from miniflex.remote.local_server import LocalServer, server_binary
+from miniflex.remote.local_server import SERVER_BINARIES, LocalServer, server_binary
 from miniflex.types import ChunkKey
 
 if TYPE_CHECKING:
@@ -32,9 +33,12 @@ NS_A = bytes(range(16))
 NS_B = bytes(range(1, 17))
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalServer]:
-    with LocalServer(tmp_path / "server") as srv:
+@pytest.fixture(params=SERVER_BINARIES)
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalServer]:
+    """A private server: Redis, then Valkey (skipped where that one is not installed)."""
+    if server_binary(request.param) is None:
+        pytest.skip(f"{request.param} is not installed (scripts/test.sh installs it)")
+    with LocalServer(tmp_path / "server", binary=request.param) as srv:
         yield srv
 
 
