@@ -167,6 +167,12 @@ def _parse_gbps(key: str, value: object) -> float | None:
     return x
 
 
+def _parse_streams(key: str, value: object) -> int | None:
+    if value is None or value in ("", "auto"):
+        return None
+    return parse_int(key, value, 1, 64)
+
+
 def read_password(path: str) -> str:
     """The password in ``path``: its text without the trailing newline; ConfigError if empty."""
     try:
@@ -281,14 +287,15 @@ REMOTE_SPECS: dict[str, Spec] = {
         "auto",
     ),
     "remote_fetch_streams": (
-        lambda k, v: parse_int(k, v, 1, 64),
-        1,
+        _parse_streams,
+        None,
         "Connections a load's remote fetches use at once, per TP rank; the chunks are dealt "
         "to them in turn, and each reads its share in pipelined windows of about 32 MiB "
         "straight into the CPU slots (one server; TLS and clusters fetch one chunk per call "
-        "and connection). More than 1 helps beside a busy engine thread and costs a little "
-        "on an idle 2-core host (`python -m bench.remote_wire --streams 4`).",
-        "1",
+        "and connection). `auto`: a quarter of the host's CPUs, 1 to 4. More than 1 keeps "
+        "fetches going beside vLLM's busy engine thread but costs a little on an idle "
+        "2-core host (`python -m bench.remote_wire --streams 4`).",
+        "auto",
     ),
     "remote_retry_s": (
         lambda k, v: parse_seconds(k, v, 0.0, 3600.0),

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from miniflex.config import MiniFlexConfig
@@ -28,7 +29,7 @@ from miniflex.plan import JobResult, TransferJob
 from miniflex.pool import HostPool
 from miniflex.ranks import TPPlacement
 from miniflex.remote import RemoteStore, open_remote_store
-from miniflex.remote.fetch import RemoteFetcher
+from miniflex.remote.fetch import RemoteFetcher, auto_fetch_streams
 from miniflex.remote.lookup import RemoteLookup
 from miniflex.remote.probe import probe_fetch_bandwidth
 from miniflex.remote.uploader import RemoteUploader
@@ -119,7 +120,8 @@ class WorkerRemote:
             return None
         puts = config.remote_write != "off"
         backlog = config.remote_write_backlog if puts else None
-        return cls(store, backlog, config.remote_fetch_streams)
+        streams = config.remote_fetch_streams or auto_fetch_streams(os.cpu_count())
+        return cls(store, backlog, streams)
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""

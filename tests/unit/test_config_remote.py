@@ -134,3 +134,16 @@ def test_timeouts_are_bounded(key: str, value: object) -> None:
 def test_prefix_must_be_a_plain_word() -> None:
     assert _cfg({"remote_url": "redis://c:1", "remote_prefix": "team-a.mf"}).remote_prefix
     assert _error({"remote_url": "redis://c:1", "remote_prefix": "a:b"}).key == "remote_prefix"
+
+
+def test_fetch_streams_are_auto_by_default_or_a_count_from_1_to_64() -> None:
+    from miniflex.remote.fetch import auto_fetch_streams
+
+    assert _cfg({}).remote_fetch_streams is None
+    assert _cfg({"remote_fetch_streams": "auto"}).remote_fetch_streams is None
+    assert _cfg({"remote_fetch_streams": "8"}).remote_fetch_streams == 8
+    for bad in ("0", "65", "many"):
+        with pytest.raises(ConfigError, match="remote_fetch_streams"):
+            _cfg({"remote_fetch_streams": bad})
+    # auto: a quarter of the CPUs, 1 to 4
+    assert [auto_fetch_streams(n) for n in (None, 1, 2, 7, 8, 16, 128)] == [1, 1, 1, 1, 2, 4, 4]
