@@ -222,6 +222,7 @@ def main() -> None:
         "--server", choices=SERVER_BINARIES, default=None, help="the private server's binary"
     )
     ap.add_argument("--json")
+    ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     args = ap.parse_args()
     if min(args.tokens, args.count, args.repeat, args.io_threads) < 1 or args.streams < 2:
         ap.error("--tokens, --count, --repeat, --io-threads must be at least 1, --streams 2")
@@ -239,7 +240,7 @@ def main() -> None:
         finally:
             if server is not None:
                 server.kill()
-    extra = {**vars(args), "url": url, "cpus": os.cpu_count(), "provenance": provenance(False)}
+    extra = {**vars(args), "url": url, "cpus": os.cpu_count(), "provenance": provenance(False, args.commit)}
     emit("Remote fetch path against loopback TCP and a plain reader", rows, args.json, extra)
 
 

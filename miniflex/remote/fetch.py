@@ -31,10 +31,10 @@ __all__ = ["RemoteFetcher", "auto_fetch_streams"]
 def auto_fetch_streams(cpus: int | None) -> int:
     """``remote_fetch_streams=auto``: a quarter of the host's CPUs, 1 to 4.
 
-    On a 16-core H200 host, 4 connections fetched at 0.97 GB/s inside vLLM
-    against 0.65 on one (bench/results/remote/h200-wire.json); on a 2-core host
-    one connection is the fastest idle and the busy engine thread leaves no core
-    for more.
+    More connections pay only while the engine's own thread keeps a core busy
+    (docs/benchmarks.md, "remote", has the measured figures); on a 2-core
+    host one connection is the fastest and the engine thread leaves no core for
+    more.
     """
     return max(1, min(4, (cpus or 1) // 4))
 
