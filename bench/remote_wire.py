@@ -240,7 +240,12 @@ def main() -> None:
         finally:
             if server is not None:
                 server.kill()
-    extra = {**vars(args), "url": url, "cpus": os.cpu_count(), "provenance": provenance(False, args.commit)}
+    extra = {
+        **vars(args),
+        "url": url,
+        "cpus": os.cpu_count(),
+        "provenance": provenance(False, args.commit),
+    }
     emit("Remote fetch path against loopback TCP and a plain reader", rows, args.json, extra)
 
 

@@ -8,7 +8,8 @@ checked against the model and the machine (``connector/preflight.py``): a bad
 one ends the command with one line naming the setting, its value and the fix,
 and nothing is left behind. The settings reach the connector in every vLLM
 process through the environment. Stale IPC sockets that a crashed server left
-in the temp directory are removed first.
+in the temp directory are removed first. A request with prompt token ids outside
+the model's vocabulary is answered 400 (``connector/token_guard.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = ["build_serve_argv", "check_settings", "remove_stale_sockets"]
 
 logger = logging.getLogger("miniflex.serve")
 
+TOKEN_GUARD = "miniflex.connector.token_guard.TokenIdGuard"
+
 KV_TRANSFER = {
     "kv_connector": "MiniFlexConnector",
     "kv_connector_module_path": "miniflex.connector",
@@ -49,6 +52,8 @@ def build_serve_argv(args: Sequence[str], env: Mapping[str, str] | None = None) 
         raise ConfigError("--kv-transfer-config", "given", "leave it out: miniflex serve sets it")
     if port and not any(a == "--port" or a.startswith("--port=") for a in args):
         args += ["--port", port]
+    # Out-of-vocabulary token ids get a 400 instead of killing the engine (token_guard.py).
+    args += ["--middleware", TOKEN_GUARD]
     if not any("hybrid-kv-cache-manager" in a for a in args):
         # MiniFlex keeps one KV group; saying so spares the user vLLM's warning about it.
         args.append("--disable-hybrid-kv-cache-manager")

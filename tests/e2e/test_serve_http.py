@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -134,3 +135,19 @@ def sample(text: str, name: str, label: str) -> list[float]:
         for line in text.splitlines()
         if line.startswith(name + "{") and label in line
     ]
+
+
+def test_out_of_vocabulary_ids_cost_one_400_never_the_server(server: str, tiny_model: Path) -> None:
+    """With the tokenizer skipped vLLM does not check ids; an id past the embedding table
+    killed the engine core (HTTP 500, then /health 503 and shutdown)."""
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    model = requests.get(server + "/v1/models", timeout=10).json()["data"][0]["id"]
+    for bad in ([1, 2, vocab], [-3, 4], [[5, 6], [vocab + 1000]]):
+        body = {"model": model, "prompt": bad, "max_tokens": 2, "detokenize": False}
+        r = requests.post(server + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "is out of vocabulary" in r.json()["error"]["message"]
+    assert requests.get(server + "/health", timeout=10).status_code == 200
+    tokens = prompt(51, 64)
+    assert complete(server, tokens)["choices"][0]["token_ids"]
+    assert requests.get(server + "/health", timeout=10).status_code == 200
