@@ -10,11 +10,12 @@ line naming the setting, its value and the fix::
     miniflex: error: MiniFlex config model='/nonexistent/model': no such directory; ...
     miniflex: error: MiniFlex config cpu_bytes='64.0 KiB': holds no chunk of this model; ...
 
-What is checked: the model is a directory with a ``config.json`` (or a
-Hugging Face repo id); ``cpu_bytes`` holds one chunk of this model; the SSD
-tier's directories (:func:`~miniflex.ssd.preflight.check_ssd_tier`); the SSD
-I/O backend; the remote store's credentials. Nothing here imports vLLM, so it runs in a
-second.
+What is checked: the model is a directory with a ``config.json``, or a
+Hugging Face repo id that this machine's cache or the Hub has; ``cpu_bytes``
+holds one chunk of this model; the SSD tier's directories
+(:func:`~miniflex.ssd.preflight.check_ssd_tier`); the SSD I/O backend; the
+remote store's credentials. Nothing here imports vLLM, so it runs in a second
+(plus one request to the Hub for a repo id that is not cached).
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ __all__ = [
     "EngineArgs",
     "check_before_start",
     "check_cpu_bytes",
+    "check_hub",
     "check_model",
     "check_worker",
     "chunk_geometry",
 ]
+
+HUB_TIMEOUT_S = 10.0
+"""How long :func:`check_hub` waits for the Hugging Face Hub's answer."""
 
 SMALLEST_BLOCK = 16
 """vLLM's smallest default block size (CUDA); the CPU backend's default is 128."""
@@ -79,7 +84,8 @@ def check_model(model: str, key: str = "model") -> ModelShape | None:
     """The model's shape from its ``config.json``; None where it cannot be known here.
 
     A local path must be a directory with a ``config.json``; a Hugging Face
-    repo id is looked up in the local cache only (vLLM downloads it later).
+    repo id is looked up in the local cache, else asked of the Hub
+    (:func:`check_hub`), and vLLM downloads it later.
     """
     if os.path.isdir(model):
         if os.path.exists(os.path.join(model, "config.json")):
@@ -97,7 +103,10 @@ def check_model(model: str, key: str = "model") -> ModelShape | None:
             "Hugging Face repo id such as 'Qwen/Qwen3-8B'",
         )
     cached = _hub_config(model)
-    return None if cached is None else _shape_or_none(os.path.dirname(cached), key)
+    if cached is None:
+        check_hub(model, key)
+        return None
+    return _shape_or_none(os.path.dirname(cached), key)
 
 
 def chunk_geometry(
@@ -184,6 +193,36 @@ def _shape_or_none(model: str, key: str) -> ModelShape | None:
 def _looks_like_path(model: str) -> bool:
     """A repo id is ``org/name`` (or ``name``); anything else that is missing is a path."""
     return model.startswith(("/", ".", "~")) or model.count("/") > 1
+
+
+def check_hub(repo_id: str, key: str = "model") -> None:
+    """ConfigError unless the Hugging Face Hub (``HF_ENDPOINT``) can give vLLM ``repo_id``.
+
+    One request of at most :data:`HUB_TIMEOUT_S`. Without it, a typo such as
+    ``mdoel/tiny`` (meant as a local path) starts vLLM, which fails on the
+    download a minute later in a page of tracebacks.
+    """
+    try:
+        from huggingface_hub import HfApi, constants, errors
+    except ImportError:
+        return  # vLLM brings it; without it, vLLM says what is missing
+    where = "no such local directory, and not in this machine's Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        fix = "HF_HUB_OFFLINE is set, so vLLM cannot download it; give a local model directory"
+        raise ConfigError(key, repo_id, f"{where}; {fix}")
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except errors.GatedRepoError as e:
+        fix = "accept its terms on the Hub and set HF_TOKEN"
+        raise ConfigError(key, repo_id, f"a gated repo this machine may not read; {fix}") from e
+    except (errors.RepositoryNotFoundError, errors.HFValidationError) as e:
+        fix = "give a local model directory, or fix the name (a private repo needs HF_TOKEN)"
+        raise ConfigError(key, repo_id, f"{where}, and the Hub has no such repo; {fix}") from e
+    except Exception as e:  # the network, the endpoint: vLLM could not download it either
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+        fix = "give a local model directory, or check the network and HF_ENDPOINT"
+        hub = f"the Hub ({constants.ENDPOINT}) cannot be reached ({why})"
+        raise ConfigError(key, repo_id, f"{where}, and {hub}; {fix}") from e
 
 
 def _hub_config(repo_id: str) -> str | None:

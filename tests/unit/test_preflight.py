@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -60,10 +65,72 @@ def test_a_directory_without_config_json_is_not_a_model(tmp_path: Path) -> None:
     assert "has no config.json" in str(err)
 
 
-def test_a_repo_id_not_on_this_machine_is_left_to_vllm() -> None:
-    lines = check_before_start("no-such-org/no-such-model", config(), EngineArgs())
+class FakeHub(BaseHTTPRequestHandler):
+    """The Hub's model API: ``known-org/known-model`` exists, every other repo does not."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/api/models/known-org/known-model"):
+            body = json.dumps({"id": "known-org/known-model", "sha": "0" * 40}).encode()
+            self.send_response(200)
+        else:
+            body = b'{"error": "Repository not found"}'
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """HF_ENDPOINT at a local fake Hub, online."""
+    from huggingface_hub import constants
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_repo_id_the_hub_has_is_left_to_vllm(hub: str) -> None:
+    lines = check_before_start("known-org/known-model", config(), EngineArgs())
     assert "not known here" in lines[0]
-    assert check_model("no-such-org/no-such-model") is None
+    assert check_model("known-org/known-model") is None
+
+
+def test_a_repo_id_neither_here_nor_on_the_hub_is_refused(hub: str) -> None:
+    err = refused("mdoel/tiny", config())
+    assert err.key == "model" and err.value == "mdoel/tiny"
+    assert "no such local directory" in str(err) and "the Hub has no such repo" in str(err)
+
+
+def test_an_unreachable_hub_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    err = refused("some-org/some-model", config())
+    assert "cannot be reached" in str(err) and f"127.0.0.1:{port}" in str(err)
+
+
+def test_offline_a_repo_id_not_cached_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    err = refused("mdoel/tiny", config())
+    assert "HF_HUB_OFFLINE is set" in str(err)
 
 
 @pytest.mark.parametrize(
@@ -108,8 +175,10 @@ def test_serve_checks_ssd_dirs_with_the_model_chunk(model: Path, mount_fs: Mount
 def test_miniflex_serve_refuses_in_one_line_without_starting_vllm(model: Path) -> None:
     for env, key in (
         ({"MODEL": "/nonexistent/model"}, "model"),
+        ({"MODEL": "mdoel/tiny", "HF_HUB_OFFLINE": "1"}, "model"),  # a typo of a local path
         ({"MODEL": str(model), "MINIFLEX_CPU_BYTES": "64KiB"}, "cpu_bytes"),
     ):
+        started = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "miniflex.cli", "serve", "--block-size", "32"],
             env={**os.environ, **env},
@@ -121,3 +190,4 @@ def test_miniflex_serve_refuses_in_one_line_without_starting_vllm(model: Path) -
         assert proc.returncode == 2
         assert proc.stderr.startswith(f"miniflex: error: MiniFlex config {key}=")
         assert proc.stderr.count("\n") == 1, proc.stderr  # one line; vLLM never started
+        assert time.monotonic() - started < 30
