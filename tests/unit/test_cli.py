@@ -15,6 +15,18 @@ from miniflex.cli import main
         (["demo", "--synthetic", "--chunks", "x"], "argument --chunks: expected an integer >= 1"),
         (["demo", "--prompt-tokens", "100"], "expected an integer from 256 to 16384, got '100'"),
         (["tune", "--model", "m", "--repeat", "-1"], "argument --repeat: expected an integer"),
+        (["bench", "soak", "--soak-requests", "-5"], "--soak-requests: expected an integer >= 1"),
+        (["bench", "soak", "--soak-requests", "0"], "--soak-requests: expected an integer >= 1"),
+        (["bench", "soak", "--soak-abort-fraction", "1.5"], "expected a number from 0 to 1"),
+        (["bench", "soak", "--soak-abort-fraction", "nan"], "expected a finite number"),
+        (["bench", "soak", "--soak-prompt-tokens", "768,256"], "MIN,MAX with MIN <= MAX"),
+        (["bench", "soak", "--soak-corrupt-chunks", "-1"], "expected an integer >= 0"),
+        (["bench", "ttft", "--ttft-prompts", "1024,-8"], "--ttft-prompts: expected an integer"),
+        (["bench", "ttft", "--gpu-blocks", "0"], "--gpu-blocks: expected an integer >= 1"),
+        (["bench", "overflow", "--overflow-ratios", "0.5,0"], "expected a number > 0"),
+        (["bench", "mixed", "--mixed-long-fraction", "-0.1"], "expected a number from 0 to 1"),
+        (["bench", "burst", "--burst-rate", "-1"], "--burst-rate: expected a number >= 0"),
+        (["bench", "ttft", "--gpu-memory-utilization", "2"], "expected a number from 0 to 1"),
     ],
 )
 def test_bad_numbers_are_usage_errors(
