@@ -4,10 +4,11 @@ A chunk is ``blocks_per_chunk`` consecutive vLLM blocks of one request. Its key
 is derived from vLLM's chained block hash of the chunk's *last* block (which
 already folds in the whole prefix, LoRA and ``cache_salt``) plus the namespace's
 ``key_digest``, so that one model, dtype, layout or TP size never reads
-another's KV. One plan drives every TP rank, so a key names the chunk on all of
-them; each rank's bytes of it (its *shard*) are tagged, on SSD and in a remote
-store, with the ``digest`` of its own namespace, ``ns.shard(rank)``, which adds
-the rank::
+another's KV, nor does the same model after a change to its configuration,
+weights or KV-changing settings (``model_digest``). One plan drives every TP
+rank, so a key names the chunk on all of them; each rank's bytes of it (its
+*shard*) are tagged, on SSD and in a remote store, with the ``digest`` of its
+own namespace, ``ns.shard(rank)``, which adds the rank::
 
     ns = Namespace(model="m", dtype="bfloat16", layout="LBNHC", num_layers=36,
                    num_kv_heads=8, head_size=128, block_size=16, blocks_per_chunk=4)
@@ -38,9 +39,9 @@ __all__ = [
     "chunk_keys_from_tokens",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Bumped whenever the byte layout of a stored chunk or the derivation of keys changes
-(2: keys leave out the TP rank; MLA latent pages)."""
+(2: keys leave out the TP rank; MLA latent pages; 3: the model's identity)."""
 
 _KEY_BYTES = 16
 
@@ -68,6 +69,9 @@ class Namespace:
     """Pages hold one latent vector per token (MLA), not separate K and V."""
     replicated: bool = False
     """Every TP rank holds the same bytes (MLA), so one rank writes them and all read them."""
+    model_digest: str = ""
+    """The model's identity beyond its shapes: configuration, weights, the settings that
+    change KV (:func:`miniflex.model_identity.model_identity`)."""
     format_version: int = FORMAT_VERSION
 
     @property
@@ -90,9 +94,15 @@ class Namespace:
 
 
 def namespace_for(
-    model: str, geometry: KVGeometry, layout: str, tp_size: int = 1, replicated: bool = False
+    model: str,
+    geometry: KVGeometry,
+    layout: str,
+    tp_size: int = 1,
+    replicated: bool = False,
+    model_digest: str = "",
 ) -> Namespace:
-    """The namespace of a model's chunks of ``geometry`` in page order ``layout``."""
+    """The namespace of a model's chunks of ``geometry`` in page order ``layout``
+    (``model_digest``: :func:`miniflex.model_identity.model_identity`)."""
     return Namespace(
         model=model,
         dtype=geometry.dtype,
@@ -105,6 +115,7 @@ def namespace_for(
         tp_size=tp_size,
         latent=geometry.latent,
         replicated=replicated,
+        model_digest=model_digest,
     )
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "hma_base",
     "hit_source",
     "max_model_len",
+    "model_digest",
     "model_name",
     "engine_layout",
     "page_order",
@@ -184,6 +185,23 @@ def page_order(kv_cache_config: Any) -> str:
 
 def model_name(vllm_config: Any) -> str:
     return str(vllm_config.model_config.model)
+
+
+def model_digest(vllm_config: Any) -> str:
+    """The model's identity (:func:`miniflex.model_identity.model_identity`) from vLLM's
+    config: its files, and the settings that change its KV without changing a shape."""
+    from miniflex.model_identity import model_identity
+
+    mc = vllm_config.model_config
+    settings = {
+        "dtype": mc.dtype,
+        "kv_cache_dtype": getattr(vllm_config.cache_config, "cache_dtype", "auto"),
+        "quantization": getattr(mc, "quantization", None),
+        "hf_overrides": getattr(mc, "hf_overrides", None),
+        "rope_scaling": getattr(mc, "rope_scaling", None),
+        "rope_theta": getattr(mc, "rope_theta", None),
+    }
+    return model_identity(str(mc.model), getattr(mc, "revision", None), settings)
 
 
 def engine_id(vllm_config: Any) -> str:

@@ -97,6 +97,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             self.page_order,
             self.placement.tp_size,
             self.placement.replicated,
+            compat.model_digest(vllm_config),
         )
         self._manager: MiniFlexManager | None = None
         self._handler: MiniFlexHandler | None = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from miniflex.config import MiniFlexConfig
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
+from miniflex.model_identity import hub_cached_config
 from miniflex.model_shape import ModelShape
 from miniflex.ranks import SINGLE_RANK, TPPlacement
 from miniflex.remote import tier as remote_tier
@@ -102,7 +103,7 @@ def check_model(model: str, key: str = "model") -> ModelShape | None:
             "no such directory; give a local model directory (with its config.json) or a "
             "Hugging Face repo id such as 'Qwen/Qwen3-8B'",
         )
-    cached = _hub_config(model)
+    cached = hub_cached_config(model)
     if cached is None:
         check_hub(model, key)
         return None
@@ -223,16 +224,3 @@ def check_hub(repo_id: str, key: str = "model") -> None:
         fix = "give a local model directory, or check the network and HF_ENDPOINT"
         hub = f"the Hub ({constants.ENDPOINT}) cannot be reached ({why})"
         raise ConfigError(key, repo_id, f"{where}, and {hub}; {fix}") from e
-
-
-def _hub_config(repo_id: str) -> str | None:
-    """The cached ``config.json`` of a Hugging Face repo, if this machine has one."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except ValueError:  # not a valid repo id: vLLM will say so
-        return None
-    return found if isinstance(found, str) else None
