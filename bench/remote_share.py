@@ -73,12 +73,23 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--server", choices=SERVER_BINARIES, default=None, help="the private store's binary"
     )
+    p.add_argument(
+        "--server-cluster",
+        type=int,
+        default=0,
+        help="the private store: a cluster of this many primaries (0: one server)",
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.server_cluster == 1 or args.server_cluster < 0:
+        p.error("--server-cluster must be 0 (one server) or at least 2")
+    if args.url and (args.server_cluster or args.server or args.server_io_threads > 1):
+        p.error("--server, --server-io-threads and --server-cluster start a private store")
+    return args
 
 
 def _model(args: argparse.Namespace) -> tuple[str, int, int]:
@@ -273,15 +284,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.url:
         result = measure(args.url, args)
     else:
-        from miniflex.remote.local_server import LocalServer
+        from miniflex.remote.local_server import LocalCluster, LocalServer
 
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            LocalServer(
-                tmp, maxmemory=args.server_memory, io_threads=args.server_io_threads
-            ) as srv,
-        ):
-            result = measure(srv.url, args)
+        options = {
+            "maxmemory": args.server_memory,
+            "io_threads": args.server_io_threads,
+            "binary": args.server,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.server_cluster:  # the store's memory is per primary
+                srv: LocalServer | LocalCluster = LocalCluster(
+                    tmp, nodes=args.server_cluster, **options
+                )
+            else:
+                srv = LocalServer(tmp, **options)  # type: ignore[arg-type]
+            with srv:
+                result = measure(srv.url, args)
     result["provenance"] = provenance(on_cuda(), args.commit)
     text = json.dumps(result, indent=1)
     if args.json:

@@ -2,7 +2,8 @@
 
     python -m bench.remote_wire [--url redis://HOST:PORT] [--tokens 64] [--count 48]
                                 [--streams 4] [--repeat 3] [--io-threads 1]
-                                [--server redis-server|valkey-server] [--json PATH]
+                                [--server redis-server|valkey-server] [--cluster N]
+                                [--json PATH]
 
 Rows, each ``--count`` chunks of ``--tokens`` tokens of an 8B model (144 KiB a
 token; 64 tokens are 9.4 MB), into a pool of as many slots, on the same
@@ -25,7 +26,10 @@ Ratios: ``vs_plain`` (against the plain reader, same interpreter state),
 ``vs_tcp`` (against loopback TCP with as many streams), ``busy_vs_idle``.
 Every fetched slot is compared with what was put, outside the timing. Best of
 ``--repeat`` passes, rows interleaved. Without ``--url`` a private
-``redis-server`` is started and stopped. Progress goes to stderr.
+``redis-server`` is started and stopped; ``--cluster N`` starts a private
+cluster of N primaries instead (the chunks spread over them by slot; the
+plain reader and ``get_into`` rows, one server's paths, are left out).
+Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
-from miniflex.remote.local_server import SERVER_BINARIES, LocalServer
+from miniflex.remote.local_server import SERVER_BINARIES, LocalCluster, LocalServer
 from miniflex.remote.redis_store import RedisStore
 from miniflex.types import ChunkKey, SlotId
 
@@ -135,21 +139,23 @@ def store_gbps(url: str, pool: HostPool, count: int, streams: int | None) -> flo
     return pool.slot_bytes * count / seconds / 1e9
 
 
-def _stage(url: str, data: bytes, count: int) -> None:
-    """Put the chunks (MiniFlex's envelope) and the plain reader's strings."""
+def _stage(url: str, data: bytes, count: int, plain: bool = True) -> None:
+    """Put the chunks (MiniFlex's envelope) and, on one server, the plain reader's strings."""
     store = RedisStore(url, NS, timeout_s=10.0)
-    raw = redis.Redis.from_url(url, protocol=2)
     for i in range(count):
         assert store.put(ChunkKey(i + 1), data), "a put failed"
-        raw.set(f"plain:{i}", data)
     store.close()
-    raw.close()
+    if plain:
+        raw = redis.Redis.from_url(url, protocol=2)
+        for i in range(count):
+            raw.set(f"plain:{i}", data)
+        raw.close()
 
 
 def measure(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
     nbytes = args.tokens * TOKEN_BYTES
     data = os.urandom(nbytes)
-    _stage(url, data, args.count)
+    _stage(url, data, args.count, plain=not args.cluster)
     pool = HostPool(args.count, nbytes)
     pool.array[:] = 0  # touched once, as a serving pool's slots are
     n = args.streams
@@ -161,6 +167,8 @@ def measure(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
         "miniflex fetch, 1 stream": lambda: store_gbps(url, pool, args.count, 1),
         f"miniflex fetch, {n} streams": lambda: store_gbps(url, pool, args.count, n),
     }
+    if args.cluster:  # one server's paths: no plain reader over a cluster
+        del runs["plain reader"], runs["miniflex get_into"]
     best: dict[tuple[str, bool], float] = {}
     for rep in range(args.repeat):
         for busy in (False, True):
@@ -184,13 +192,14 @@ def _rows(best: dict[tuple[str, bool], float], n: int, nbytes: int) -> list[dict
             (f"loopback TCP, {n} streams" if streams > 1 else "loopback TCP, 1 stream"), False
         ]
         idle = best[name, False]
+        plain = best.get(("plain reader", busy))
         rows.append(
             {
                 "chunk_MB": round(nbytes / 1e6, 2),
                 "client": name,
                 "interpreter": "busy" if busy else "idle",
                 "GBps": round(gbps, 2),
-                "vs_plain": round(gbps / best["plain reader", busy], 2),
+                "vs_plain": round(gbps / plain, 2) if plain else None,
                 "vs_tcp": round(gbps / tcp, 2),
                 "busy_vs_idle": round(gbps / idle, 2) if busy else None,
             }
@@ -221,19 +230,25 @@ def main() -> None:
     ap.add_argument(
         "--server", choices=SERVER_BINARIES, default=None, help="the private server's binary"
     )
+    ap.add_argument(
+        "--cluster", type=int, default=0, help="a private cluster of this many primaries instead"
+    )
     ap.add_argument("--json")
     ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     args = ap.parse_args()
     if min(args.tokens, args.count, args.repeat, args.io_threads) < 1 or args.streams < 2:
         ap.error("--tokens, --count, --repeat, --io-threads must be at least 1, --streams 2")
-    if args.url and (args.io_threads > 1 or args.server):
-        ap.error("--io-threads and --server start a private server: not with --url")
+    if args.cluster == 1 or args.cluster < 0:
+        ap.error("--cluster must be 0 (one server) or at least 2")
+    if args.url and (args.io_threads > 1 or args.server or args.cluster):
+        ap.error("--io-threads, --server and --cluster start a private server: not with --url")
     with tempfile.TemporaryDirectory(prefix="miniflex-remote-wire-") as tmp:
-        server = None
-        if not args.url:
-            server = LocalServer(
-                tmp, maxmemory="4gb", io_threads=args.io_threads, binary=args.server
-            ).start()
+        server: LocalServer | LocalCluster | None = None
+        options = {"maxmemory": "4gb", "io_threads": args.io_threads, "binary": args.server}
+        if args.cluster:
+            server = LocalCluster(tmp, nodes=args.cluster, **options).start()
+        elif not args.url:
+            server = LocalServer(tmp, **options).start()  # type: ignore[arg-type]
         url = args.url or server.url  # type: ignore[union-attr]
         try:
             rows = measure(url, args)

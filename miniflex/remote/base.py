@@ -36,7 +36,7 @@ Example::
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -145,6 +145,14 @@ class RemoteStore(abc.ABC):
             if done is not None:
                 done(i, out[-1])
         return out
+
+    def lanes(self, keys: Sequence[ChunkKey]) -> list[Hashable] | None:
+        """The server that holds each key, where the store spreads keys over several that
+        send in parallel (a cluster's primaries); None: one server, or not known now.
+
+        A load's fetcher gives each server its own stream, so that they all send at
+        once. A hint: a wrong answer costs speed, never a wrong byte."""
+        return None
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:

@@ -17,7 +17,7 @@ each on a connection of its own with several requests in flight
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from miniflex.plan import RemoteCopy
@@ -58,17 +58,33 @@ class RemoteFetcher:
 
         The copies are dealt to the streams in turn (stream ``s`` fetches copies
         ``s``, ``s + streams``, ...), each stream one batch of
-        :meth:`RemoteStore.get_many_into` on a connection of its own. A value must
-        fill the slot exactly: one namespace has one chunk size, so a shorter one
-        is not this chunk (the slot's bytes are then unspecified).
+        :meth:`RemoteStore.get_many_into` on a connection of its own; where the
+        store spreads its keys over several servers (:meth:`RemoteStore.lanes`),
+        each server's copies are dealt to streams of their own, so that the
+        servers send at once. A value must fill the slot exactly: one namespace
+        has one chunk size, so a shorter one is not this chunk (the slot's bytes
+        are then unspecified).
         """
         t0 = time.perf_counter()
-        shares = [copies[s :: self.streams] for s in range(min(self.streams, len(copies)))]
+        shares = self._shares(copies)
         if self._threads is None or len(shares) < 2:
             missed = [k for share in shares for k in self._fetch_share(share)]
         else:
             missed = [k for got in self._threads.map(self._fetch_share, shares) for k in got]
         return set(missed), time.perf_counter() - t0
+
+    def _shares(self, copies: Sequence[RemoteCopy]) -> list[Sequence[RemoteCopy]]:
+        """The batches the streams fetch: the copies dealt round robin, per server."""
+        lanes = self.store.lanes([c.key for c in copies]) if len(copies) > 1 else None
+        groups: dict[Hashable, list[RemoteCopy]] = {}
+        for i, c in enumerate(copies):
+            groups.setdefault(0 if lanes is None else lanes[i], []).append(c)
+        per_group = max(1, -(-self.streams // len(groups))) if groups else 1
+        return [
+            group[s::per_group]
+            for group in groups.values()
+            for s in range(min(per_group, len(group)))
+        ]
 
     def _fetch_share(self, copies: Sequence[RemoteCopy]) -> list[ChunkKey]:
         """The keys of ``copies`` whose fetch failed."""

@@ -9,8 +9,10 @@ eviction and Redis Cluster's slots treat a chunk as one unit.
 
 Fetches (``get_into``, ``get_many_into``) from one plain TCP or Unix-socket
 server run on MiniFlex's own connections (:mod:`miniflex.remote.wire_fetch`):
-``HMGET`` of the header and the parts, pipelined, read straight into the slot.
-TLS and clusters fetch through the ``redis`` client, one chunk per call.
+``HMGET`` of the header and the parts, pipelined, read straight into the slot;
+from a cluster, the same from each chunk's primary
+(:mod:`miniflex.remote.cluster_wire`). TLS fetches through the ``redis``
+client, one chunk per call.
 
 The client never retries in place and never waits longer than
 ``timeout_s`` per socket operation; :class:`~miniflex.remote.link.Link`
@@ -22,15 +24,17 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from miniflex.config_remote import TLS_SCHEMES
 from miniflex.errors import RemoteError
 from miniflex.remote.base import RemoteStats, RemoteStore
+from miniflex.remote.cluster_wire import ClusterWire
 from miniflex.remote.envelope import (
     CorruptValueError,
     Header,
@@ -120,17 +124,22 @@ class RedisStore(RemoteStore):
                 ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file
             )
         self._client = open_client(url, tls, options)
-        self._wire = self._wire_fetcher(timeout_s)
+        self._wire = self._wire_fetcher(timeout_s, tls or url.split("://", 1)[0] in TLS_SCHEMES)
 
-    def _wire_fetcher(self, timeout_s: float) -> WireFetcher | None:
-        """The fetch path on MiniFlex's own connections (None: TLS or a cluster)."""
-        if not isinstance(self._client, redis.Redis):
-            return None  # a cluster (built on first use: not touched here)
-        pool = self._client.connection_pool
-        if issubclass(pool.connection_class, redis.SSLConnection):
+    def _wire_fetcher(self, timeout_s: float, tls: bool) -> WireFetcher | ClusterWire | None:
+        """The fetch path on MiniFlex's own connections (None: TLS)."""
+        if tls:
             return None
         reader = ChunkReader(self._digest, self._part_bytes, self.redis_key, self._drop_corrupt)
+        if not isinstance(self._client, redis.Redis):  # a cluster, built on first use
+            return ClusterWire(self._client, self._link, reader, timeout_s)
+        pool = self._client.connection_pool
         return WireFetcher(Endpoint.of_pool(pool.connection_kwargs), self._link, reader, timeout_s)
+
+    def lanes(self, keys: Sequence[ChunkKey]) -> list[Hashable] | None:
+        if isinstance(self._wire, ClusterWire):
+            return self._wire.lanes(keys)
+        return None
 
     def redis_key(self, key: ChunkKey) -> str:
         """The Redis key holding ``key``'s chunk in this namespace."""

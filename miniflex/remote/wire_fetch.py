@@ -42,7 +42,7 @@ from miniflex.remote.link import Link
 from miniflex.remote.wire import Endpoint, ReplyError, WireConnection, WireError, WireTimeout
 from miniflex.types import ChunkKey
 
-__all__ = ["WINDOW_BYTES", "ChunkReader", "Done", "WireFetcher"]
+__all__ = ["WINDOW_BYTES", "ChunkReader", "Done", "Items", "WireFetcher"]
 
 WINDOW_BYTES = 32 << 20
 """Bytes of chunks read per window (at least one chunk, at most ``MAX_WINDOW``)."""
@@ -72,6 +72,8 @@ class ChunkReader:
     name_of: Callable[[ChunkKey], str]
     drop: Callable[[str, CorruptValueError], None]
     """Count a corrupt value, log it and delete it from the store."""
+    moved: Callable[[], None] | None = None
+    """Told when a cluster's primary answers ``MOVED`` or ``ASK`` (its slot map is stale)."""
 
 
 class WireFetcher:
@@ -209,6 +211,8 @@ class WireFetcher:
             return None
         except ReplyError as exc:
             self._link.refused(exc, "get")
+            if reader.moved is not None and str(exc).startswith(("MOVED", "ASK")):
+                reader.moved()
             return None
         if header is None:
             self._link.count(misses=1)

@@ -97,3 +97,59 @@ def test_a_second_engine_loads_through_the_cluster_what_the_first_computed(
     assert engine_totals(b)["hit_tokens_remote"] == CHUNKS * CHUNK
     assert sum(keys_per_node(cluster)) == CHUNKS
     b.worker.shutdown()
+
+
+def test_fetches_run_on_own_connections_from_each_chunks_primary(
+    cluster: LocalCluster,
+) -> None:
+    """A load's fetch reads every chunk from the primary owning its slot, exactly, with one
+    stream per primary; a missing key is a miss."""
+    from miniflex.plan import RemoteCopy
+    from miniflex.pool import HostPool
+    from miniflex.remote.cluster_wire import ClusterWire
+    from miniflex.remote.fetch import RemoteFetcher
+    from miniflex.types import SlotId
+
+    slot_bytes = 256 << 10
+    st = store(cluster.url, NS_A, password=PASSWORD, part_bytes=64 << 10)
+    assert isinstance(st._wire, ClusterWire)
+    chunks = {key(i): payload(slot_bytes, seed=i) for i in range(18)}
+    assert all(st.put(k, v) for k, v in chunks.items())
+    keys = [*chunks, key(999)]
+    lanes = st.lanes(keys)
+    assert lanes is not None and len(set(lanes)) == 3  # every primary holds some
+    ports = {s.port for s in cluster.servers}
+    assert {port for _, port in lanes} == ports
+    pool = HostPool(len(keys), slot_bytes)
+    fetcher = RemoteFetcher(st, pool, streams=3)
+    failed, _ = fetcher.fetch([RemoteCopy(k, SlotId(i)) for i, k in enumerate(keys)])
+    fetcher.close()
+    assert failed == {key(999)}
+    for i, k in enumerate(chunks):
+        assert bytes(pool.slot(SlotId(i))) == chunks[k]
+    stats = st.stats()
+    assert stats.hits == 18 and stats.misses == 1 and stats.corrupt == 0
+    st.close()
+
+
+def test_a_stale_slot_map_costs_misses_then_is_learned_again(cluster: LocalCluster) -> None:
+    """A primary asked for a slot it does not serve answers MOVED: that chunk is a miss
+    (recomputed, never wrong bytes) and the next fetch routes by a fresh slot map."""
+    st = store(cluster.url, NS_A, password=PASSWORD)
+    chunks = {key(i): payload(64 << 10, seed=i) for i in range(9)}
+    assert all(st.put(k, v) for k, v in chunks.items())
+    client = st._client.built()
+    manager = client.nodes_manager
+    wrong = {}
+    for k in chunks:  # point every slot at another primary, as after a resharding
+        slot = client.keyslot(st.redis_key(k))
+        owner = manager.slots_cache[slot][0]
+        other = next(n for n in manager.nodes_cache.values() if n.name != owner.name)
+        wrong[slot] = [other]
+    manager.slots_cache.update(wrong)
+    bufs = [(k, memoryview(bytearray(64 << 10))) for k in chunks]
+    assert st.get_many_into(bufs) == [None] * len(bufs)
+    got = st.get_many_into(bufs)
+    assert got == [64 << 10] * len(bufs)
+    assert all(bytes(b) == chunks[k] for k, b in bufs)
+    st.close()
