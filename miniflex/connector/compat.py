@@ -29,9 +29,11 @@ Known differences:
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from miniflex.connector.model_kinds import EngineLayout
@@ -58,6 +60,7 @@ __all__ = [
     "request_block_ids",
     "scheduled_requests",
     "serve_command",
+    "engine_arg_known",
     "share_vllm_logging",
     "state_model",
     "reporting_workers",
@@ -80,6 +83,19 @@ _SOURCE_OF_TIER: dict[Tier | None, str] = {
     Tier.REMOTE: "external_unspecified",  # vLLM's source for a remote store
     None: "external_unspecified",  # promised, but no tier holds it any more: recomputed
 }
+
+
+def engine_arg_known(name: str) -> bool:
+    """Whether the installed vLLM's engine arguments have field ``name``, read from its
+    source without importing it (``miniflex serve`` decides before vLLM starts)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = Path(next(iter(spec.submodule_search_locations))) / "engine" / "arg_utils.py"
+    try:
+        return f"\n    {name}:" in path.read_text()
+    except OSError:
+        return False
 
 
 def serve_command(model: str, args: Sequence[str]) -> list[str]:

@@ -9,7 +9,10 @@ one ends the command with one line naming the setting, its value and the fix,
 and nothing is left behind. The settings reach the connector in every vLLM
 process through the environment. Stale IPC sockets that a crashed server left
 in the temp directory are removed first. A request with prompt token ids outside
-the model's vocabulary is answered 400 (``connector/token_guard.py``).
+the model's vocabulary is answered 400 (``connector/token_guard.py``). On
+SIGTERM the engine finishes what is in flight for ``--shutdown-timeout`` seconds
+(:data:`~miniflex.connector.shutdown_guard.DRAIN_S` unless given), and whatever
+it did not finish is answered 503 (``connector/shutdown_guard.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from miniflex.config import MiniFlexConfig, serve_environment, serve_settings
 from miniflex.connector import compat
 from miniflex.connector.preflight import EngineArgs, check_before_start
+from miniflex.connector.shutdown_guard import DRAIN_S
 from miniflex.errors import ConfigError
 
 __all__ = ["build_serve_argv", "check_settings", "remove_stale_sockets"]
@@ -34,6 +38,7 @@ __all__ = ["build_serve_argv", "check_settings", "remove_stale_sockets"]
 logger = logging.getLogger("miniflex.serve")
 
 TOKEN_GUARD = "miniflex.connector.token_guard.TokenIdGuard"
+SHUTDOWN_GUARD = "miniflex.connector.shutdown_guard.ShutdownGuard"
 
 KV_TRANSFER = {
     "kv_connector": "MiniFlexConnector",
@@ -52,8 +57,12 @@ def build_serve_argv(args: Sequence[str], env: Mapping[str, str] | None = None) 
         raise ConfigError("--kv-transfer-config", "given", "leave it out: miniflex serve sets it")
     if port and not any(a == "--port" or a.startswith("--port=") for a in args):
         args += ["--port", port]
-    # Out-of-vocabulary token ids get a 400 instead of killing the engine (token_guard.py).
-    args += ["--middleware", TOKEN_GUARD]
+    # Out-of-vocabulary token ids get a 400 instead of killing the engine (token_guard.py);
+    # requests the engine stopped before finishing get a 503, not a hang (shutdown_guard.py).
+    args += ["--middleware", TOKEN_GUARD, "--middleware", SHUTDOWN_GUARD]
+    given = any(a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in args)
+    if not given and compat.engine_arg_known("shutdown_timeout"):
+        args += ["--shutdown-timeout", str(DRAIN_S)]
     if not any("hybrid-kv-cache-manager" in a for a in args):
         # MiniFlex keeps one KV group; saying so spares the user vLLM's warning about it.
         args.append("--disable-hybrid-kv-cache-manager")

