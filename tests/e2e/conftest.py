@@ -7,8 +7,21 @@ from pathlib import Path
 
 import pytest
 
+from miniflex.remote.local_server import LocalServer, server_binary
 from miniflex.tinymodel import write_tiny_model
 from tests.conftest import o_direct_dir
+
+NEEDS_REDIS = [
+    pytest.mark.skipif(server_binary() is None, reason="redis-server is not installed"),
+]
+"""Marks of a test that needs a redis-server (and the ``redis`` client: importorskip it)."""
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[LocalServer]:
+    """A private redis-server for one test."""
+    with LocalServer(tmp_path / "server") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

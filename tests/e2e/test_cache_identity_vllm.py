@@ -12,28 +12,19 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from miniflex.remote.local_server import LocalServer, server_binary
+from miniflex.remote.local_server import LocalServer
+from tests.e2e.conftest import NEEDS_REDIS
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run, same_output
 
 pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(server_binary() is None, reason="redis-server is not installed"),
-]
+pytestmark = [pytest.mark.e2e, *NEEDS_REDIS]
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalServer]:
-    with LocalServer(tmp_path / "server") as srv:
-        yield srv
 
 
 def set_rope_theta(model: Path, theta: float) -> None:
@@ -43,7 +34,7 @@ def set_rope_theta(model: Path, theta: float) -> None:
 
 
 def test_a_changed_model_config_is_never_served_the_old_kv(
-    tiny_model: Path, ssd_dir: Path, server: LocalServer, tmp_path: Path
+    tiny_model: Path, ssd_dir: Path, redis_server: LocalServer, tmp_path: Path
 ) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)  # edited below; the shared one stays as it is
@@ -53,7 +44,7 @@ def test_a_changed_model_config_is_never_served_the_old_kv(
         "ssd_dirs": str(ssd_dir),
         "ssd_bytes": "64MiB",
         "ssd_write": "through",
-        "remote_url": server.url,
+        "remote_url": redis_server.url,
         "hit_policy": "load",
     }
     tokens = prompt(700, PROMPT_TOKENS)

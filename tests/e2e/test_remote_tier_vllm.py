@@ -11,20 +11,17 @@ engine at start-up with one readable line.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from miniflex.errors import RemoteError
-from miniflex.remote.local_server import LocalServer, server_binary
+from miniflex.remote.local_server import LocalServer
+from tests.e2e.conftest import NEEDS_REDIS
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run, same_output
 
 pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(server_binary() is None, reason="redis-server is not installed"),
-]
+pytestmark = [pytest.mark.e2e, *NEEDS_REDIS]
 
 PROMPT_TOKENS = 1000
 KV_TOKENS = 3 * 1024
@@ -33,39 +30,33 @@ STALL_BOUND_S = 10.0
 plus a busy 2-core machine's noise."""
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalServer]:
-    with LocalServer(tmp_path / "server") as srv:
-        yield srv
-
-
 def _config(url: str, **extra: object) -> dict[str, object]:
     return {"cpu_bytes": "8MiB", "remote_url": url, "remote_timeout_s": 0.5, **extra}
 
 
 def test_a_second_engine_is_served_from_the_store_and_survives_its_death(
-    tiny_model: Path, server: LocalServer
+    tiny_model: Path, redis_server: LocalServer
 ) -> None:
     import redis
 
     first, second, third = (prompt(300 + i, PROMPT_TOKENS) for i in range(3))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONHASHSEED", "0")  # reproducible block hashes across engines
-        a = make_llm(tiny_model, KV_TOKENS, _config(server.url))
+        a = make_llm(tiny_model, KV_TOKENS, _config(redis_server.url))
         try:
             ref = [run(a, p) for p in (first, second, third)]
         finally:
             close(a)  # puts what write-through still queued
-        client = redis.Redis.from_url(server.url)
+        client = redis.Redis.from_url(redis_server.url)
         assert len(client.keys("miniflex:*")) >= 3 * (PROMPT_TOKENS // 64)
-        b = make_llm(tiny_model, KV_TOKENS, _config(server.url))
+        b = make_llm(tiny_model, KV_TOKENS, _config(redis_server.url))
         try:
             shared = run(b, first)
-            server.kill()
+            redis_server.kill()
             t0 = time.monotonic()
             dead = run(b, second)
             dead_s = time.monotonic() - t0
-            server.start()
+            redis_server.start()
             time.sleep(1.5)  # past remote_retry_s: the next call reconnects
             back = run(b, third)
         finally:

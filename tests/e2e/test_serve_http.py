@@ -60,16 +60,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}; see {log.name}"
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"server not healthy after 300 s; see {log.name}"
-            time.sleep(1)
+        wait_healthy(proc, url, log.name)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -78,6 +69,20 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log_name: str, timeout_s: float = 300) -> None:
+    """Until the server at ``url`` answers /health (it must not exit first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, f"server exited with {proc.returncode}; see {log_name}"
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, f"server not healthy in {timeout_s} s; see {log_name}"
+        time.sleep(1)
 
 
 def complete(url: str, tokens: list[int]) -> dict:

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.e2e.engine import KV_BYTES_PER_TOKEN
-from tests.e2e.test_serve_http import free_port
+from tests.e2e.test_serve_http import free_port, wait_healthy
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 24
@@ -42,7 +42,7 @@ def test_sigterm_answers_every_client_and_exits(tiny_model: Path, tmp_path: Path
     url = f"http://127.0.0.1:{port}"
     answers: dict[int, object] = {}
     try:
-        wait_healthy(proc, url)
+        wait_healthy(proc, url, str(tmp_path / "server.log"))
         model = requests.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
         def client(i: int) -> None:
@@ -83,16 +83,3 @@ def test_sigterm_answers_every_client_and_exits(tiny_model: Path, tmp_path: Path
     assert set(answers.values()) <= {200, 503}, answers
     assert 503 in answers.values(), answers  # the drain was too short for all of them
     assert took < DRAIN_S + 20, (took, text[-3000:])
-
-
-def wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + 300
-    while True:
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert time.monotonic() < deadline, "server not healthy after 300 s"
-        time.sleep(1)
