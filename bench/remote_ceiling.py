@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.remote_bench import TOKEN_BYTES
 from bench.remote_wire import _stage, store_gbps
+from miniflex.bench.argtypes import counts
 from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress, emit
 from miniflex.pool import HostPool
@@ -131,13 +132,6 @@ def measure(args: argparse.Namespace, tmp: str) -> list[dict[str, object]]:
     ]
 
 
-def _counts(text: str) -> list[int]:
-    values = [int(x) for x in text.split(",") if x.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,8 +139,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per chunk (144 KiB each)")
     ap.add_argument("--count", type=int, default=48, help="chunks per client and pass")
     ap.add_argument("--repeat", type=int, default=3, help="passes; the best counts")
-    ap.add_argument("--clients", type=_counts, default=[1, 2, 4], help="client processes")
-    ap.add_argument("--servers", type=_counts, default=[1, 2, 4, 8], help="one process's servers")
+    ap.add_argument("--clients", type=counts, default=(1, 2, 4), help="client processes")
+    ap.add_argument("--servers", type=counts, default=(1, 2, 4, 8), help="one process's servers")
     ap.add_argument("--json")
     ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     args = ap.parse_args()

@@ -38,11 +38,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from miniflex.bench.argtypes import primaries
 from miniflex.bench.configs import TierSizes, parse_configs, with_settings
 from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
 from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
-from miniflex.remote.local_server import SERVER_BINARIES
+from miniflex.remote.local_server import SERVER_BINARIES, private_store
 
 STEPS = ("recompute", "remote", "cpu")
 
@@ -75,7 +76,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--server-cluster",
-        type=int,
+        type=primaries,
         default=0,
         help="the private store: a cluster of this many primaries (0: one server)",
     )
@@ -85,8 +86,6 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     args = p.parse_args(argv)
-    if args.server_cluster == 1 or args.server_cluster < 0:
-        p.error("--server-cluster must be 0 (one server) or at least 2")
     if args.url and (args.server_cluster or args.server or args.server_io_threads > 1):
         p.error("--server, --server-io-threads and --server-cluster start a private store")
     return args
@@ -284,22 +283,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.url:
         result = measure(args.url, args)
     else:
-        from miniflex.remote.local_server import LocalCluster, LocalServer
-
-        options = {
+        options = {  # a cluster's memory is per primary
             "maxmemory": args.server_memory,
             "io_threads": args.server_io_threads,
             "binary": args.server,
         }
-        with tempfile.TemporaryDirectory() as tmp:
-            if args.server_cluster:  # the store's memory is per primary
-                srv: LocalServer | LocalCluster = LocalCluster(
-                    tmp, nodes=args.server_cluster, **options
-                )
-            else:
-                srv = LocalServer(tmp, **options)  # type: ignore[arg-type]
-            with srv:
-                result = measure(srv.url, args)
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            private_store(tmp, args.server_cluster, **options) as srv,
+        ):
+            result = measure(srv.url, args)
     result["provenance"] = provenance(on_cuda(), args.commit)
     text = json.dumps(result, indent=1)
     if args.json:

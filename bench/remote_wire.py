@@ -47,12 +47,13 @@ from collections.abc import Callable
 import redis
 
 from bench.remote_bench import TOKEN_BYTES, BusyInterpreter
+from miniflex.bench.argtypes import primaries
 from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
-from miniflex.remote.local_server import SERVER_BINARIES, LocalCluster, LocalServer
+from miniflex.remote.local_server import SERVER_BINARIES, private_store
 from miniflex.remote.redis_store import RedisStore
 from miniflex.types import ChunkKey, SlotId
 
@@ -231,24 +232,20 @@ def main() -> None:
         "--server", choices=SERVER_BINARIES, default=None, help="the private server's binary"
     )
     ap.add_argument(
-        "--cluster", type=int, default=0, help="a private cluster of this many primaries instead"
+        "--cluster", type=primaries, default=0, help="a private cluster of this many primaries"
     )
     ap.add_argument("--json")
     ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     args = ap.parse_args()
     if min(args.tokens, args.count, args.repeat, args.io_threads) < 1 or args.streams < 2:
         ap.error("--tokens, --count, --repeat, --io-threads must be at least 1, --streams 2")
-    if args.cluster == 1 or args.cluster < 0:
-        ap.error("--cluster must be 0 (one server) or at least 2")
     if args.url and (args.io_threads > 1 or args.server or args.cluster):
         ap.error("--io-threads, --server and --cluster start a private server: not with --url")
     with tempfile.TemporaryDirectory(prefix="miniflex-remote-wire-") as tmp:
-        server: LocalServer | LocalCluster | None = None
-        options = {"maxmemory": "4gb", "io_threads": args.io_threads, "binary": args.server}
-        if args.cluster:
-            server = LocalCluster(tmp, nodes=args.cluster, **options).start()
-        elif not args.url:
-            server = LocalServer(tmp, **options).start()  # type: ignore[arg-type]
+        server = None
+        if not args.url:
+            options = {"maxmemory": "4gb", "io_threads": args.io_threads, "binary": args.server}
+            server = private_store(tmp, args.cluster, **options).start()
         url = args.url or server.url  # type: ignore[union-attr]
         try:
             rows = measure(url, args)

@@ -11,7 +11,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["at_least", "count", "count0", "counts", "fraction", "min_max", "positive", "rate"]
+__all__ = [
+    "at_least",
+    "count",
+    "count0",
+    "counts",
+    "fraction",
+    "min_max",
+    "positive",
+    "primaries",
+    "rate",
+]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -84,3 +94,11 @@ def min_max(text: str) -> tuple[int, int]:
     if len(values) != 2 or values[0] > values[1]:
         raise argparse.ArgumentTypeError(f"expected MIN,MAX with MIN <= MAX, got {text!r}")
     return values[0], values[1]
+
+
+def primaries(text: str) -> int:
+    """A private store's cluster size: 0 (one server, no cluster) or 2 and more."""
+    value = count0(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError(f"expected 0 (one server) or at least 2, got {text!r}")
+    return value

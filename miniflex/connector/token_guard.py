@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+
+from miniflex.connector.asgi_reply import App, Message, Receive, Scope, Send, send_error
 
 __all__ = ["TOKEN_FIELDS", "TokenIdGuard", "out_of_vocab"]
 
@@ -31,11 +32,6 @@ TOKEN_FIELDS = ("prompt", "input", "token_ids", "prompt_token_ids")
 """The request fields that can hold token ids (completions, embeddings and pooling,
 the token-in generate API): a list of ids, a list of such lists, or an object with
 ``prompt_token_ids``."""
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _UNKNOWN = -1  # the vocabulary size is not looked up yet
 _OFF = 0  # nothing to guard: the tokenizer checks, or the size is not known
@@ -68,7 +64,7 @@ def _token_ids(value: object, depth: int) -> Iterator[int]:
 class TokenIdGuard:
     """ASGI middleware (vLLM's ``--middleware``): out-of-vocabulary ids get a 400."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
         self.vocab_size = _UNKNOWN
 
@@ -139,8 +135,4 @@ async def _bad_request(send: Send, bad: tuple[str, int], vocab_size: int) -> Non
     message = (
         f"Token id {token} is out of vocabulary: this model's token ids are 0 to {vocab_size - 1}"
     )
-    error = {"message": message, "type": "BadRequestError", "param": field, "code": 400}
-    payload = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
-    await send({"type": "http.response.start", "status": 400, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_error(send, 400, message, "BadRequestError", field)

@@ -263,6 +263,16 @@ class LocalCluster:
         self.kill()
 
 
+def private_store(
+    directory: str | os.PathLike[str], primaries: int = 0, **options: object
+) -> LocalServer | LocalCluster:
+    """A store for one benchmark or test, not started: one server (``primaries`` 0), or a
+    cluster of that many primaries (``options`` as :class:`LocalServer`'s, per primary)."""
+    if primaries:
+        return LocalCluster(directory, nodes=primaries, **options)
+    return LocalServer(directory, **options)  # type: ignore[arg-type]
+
+
 def _cluster_ok(info: object) -> bool:
     """Whether a ``CLUSTER INFO`` reply (parsed by the client into a dict, or raw) says ok."""
     if isinstance(info, dict):

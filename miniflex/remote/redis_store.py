@@ -31,7 +31,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from miniflex.config_remote import TLS_SCHEMES
+from miniflex.config_remote import tls_on
 from miniflex.errors import RemoteError
 from miniflex.remote.base import RemoteStats, RemoteStore
 from miniflex.remote.cluster_wire import ClusterWire
@@ -124,7 +124,7 @@ class RedisStore(RemoteStore):
                 ssl_ca_certs=tls_ca_file, ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file
             )
         self._client = open_client(url, tls, options)
-        self._wire = self._wire_fetcher(timeout_s, tls or url.split("://", 1)[0] in TLS_SCHEMES)
+        self._wire = self._wire_fetcher(timeout_s, tls_on(url, tls))
 
     def _wire_fetcher(self, timeout_s: float, tls: bool) -> WireFetcher | ClusterWire | None:
         """The fetch path on MiniFlex's own connections (None: TLS)."""
