@@ -11,7 +11,9 @@ request is in flight it checks every :data:`POLL_S` whether the engine client
 has stopped (``errored``: shut down or dead); once it has, the request's
 handler is cancelled and the client gets ``503`` in vLLM's error format (or,
 where the response had begun, the end of its body), so the server closes
-every connection and exits.
+every connection and exits. Where vLLM saw the engine die before its tasks
+were cancelled, it answers its requests 500 (``EngineDeadError``); once the
+engine has stopped, the guard sends such an answer as the same 503.
 
 The drain itself is vLLM's: ``miniflex serve`` passes ``--shutdown-timeout``
 :data:`DRAIN_S` unless the command line gives one (and the installed vLLM knows
@@ -46,7 +48,7 @@ class ShutdownGuard:
         client = _engine_client(scope.get("app"))
         if scope.get("type") != "http" or client is None:
             return await self.app(scope, receive, send)
-        response = _Response(send)
+        response = _Response(send, client, scope.get("path", ""))
         handler = asyncio.ensure_future(self.app(scope, receive, response.send))
         try:
             while True:
@@ -60,32 +62,44 @@ class ShutdownGuard:
             raise
         handler.cancel()
         await asyncio.gather(handler, return_exceptions=True)
-        return await response.close_unanswered(scope.get("path", ""))
+        return await response.close_unanswered()
 
 
 class _Response:
-    """``send`` for the handler, remembering how far the response got."""
+    """``send`` for the handler, remembering how far the response got; an error vLLM
+    answers once its engine has stopped (``EngineDeadError``: a 500) goes out as the
+    shutdown's 503 instead."""
 
-    def __init__(self, send: Send) -> None:
-        self._send = send
+    def __init__(self, send: Send, client: object, path: str) -> None:
+        self._send, self._client, self._path = send, client, path
         self.started = False
         self.ended = False
+        self._replaced = False  # the handler's error went out as a 503: drop the rest
 
     async def send(self, message: Message) -> None:
+        if self._replaced:
+            return
         if message.get("type") == "http.response.start":
+            if message.get("status") == 500 and _stopped(self._client):
+                self._replaced = True
+                return await self._unavailable()
             self.started = True
         elif message.get("type") == "http.response.body" and not message.get("more_body"):
             self.ended = True
         await self._send(message)
 
-    async def close_unanswered(self, path: str) -> None:
+    async def close_unanswered(self) -> None:
         """A 503 if nothing was sent yet; else the end of the body begun."""
         if self.ended:
             return
         if self.started:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        logger.warning("answering %s with 503: the engine stopped before it finished", path)
+        await self._unavailable()
+
+    async def _unavailable(self) -> None:
+        self.started = self.ended = True
+        logger.warning("answering %s with 503: the engine stopped before it finished", self._path)
         message = "the server is shutting down and its engine stopped before this request "
         message += "finished; send it again (to another replica)"
         retry = [(b"retry-after", b"1")]

@@ -101,6 +101,32 @@ def test_a_stream_begun_is_ended_not_answered_twice() -> None:
     }
 
 
+class FailingApp(App):
+    """vLLM's handler when its output handler sees the engine die: a 500 with its body."""
+
+    def __init__(self, stop_engine: bool) -> None:
+        super().__init__(answer_after=0)
+        self.stop_engine = stop_engine
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.stop_engine:
+            self.state.engine_client.errored = True
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"error": "EngineDeadError"}'})
+
+
+def test_vllms_500_once_the_engine_stopped_goes_out_as_the_503() -> None:
+    sent = asyncio.run(request(FailingApp(stop_engine=True), stop_after=None))
+    assert [m.get("status") for m in sent] == [503, None]
+    assert json.loads(sent[1]["body"])["error"]["code"] == 503
+
+
+def test_a_500_while_the_engine_runs_is_passed_through() -> None:
+    sent = asyncio.run(request(FailingApp(stop_engine=False), stop_after=None))
+    assert [m.get("status") for m in sent] == [500, None]
+    assert b"EngineDeadError" in sent[1]["body"]
+
+
 def test_a_request_cancelled_by_its_client_cancels_its_handler() -> None:
     app = App(answer_after=None)
 
