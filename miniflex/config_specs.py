@@ -215,7 +215,9 @@ SPECS: dict[str, Spec] = {
         "engine step), `sync` (before the step's forward, which waits for all of it: "
         "load-then-compute), `layerwise` (in the same step, layer L+1 copying while layer L "
         "computes); `auto`: the cost model picks layerwise or async per request (see "
-        "docs/design.md). Chunks read from SSD always load async.",
+        "docs/design.md). Chunks on SSD load in the step too, read into CPU slots layer by "
+        "layer as it computes, as many as free CPU slots take (remote chunks, a replicated "
+        "cache's and `ssd_stream_bytes=0` load async).",
         "auto",
     ),
     "backfill_s": Spec(

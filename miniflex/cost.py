@@ -52,6 +52,16 @@ so under concurrent load (the engine busy with other requests) hits load
 asynchronously, while the engine keeps computing, and an engine otherwise
 idle overlaps the load with the prefill.
 
+A layerwise load may also read SSD chunks (``instep``: as many leading chunks as
+CPU slots can take), layer by layer while the step computes: its ``load`` is
+then the longer of the disk's reads and the copies. Every prefix length is
+weighed, since a split (load the head from SSD, recompute the tail beside it)
+can beat both loading everything and recomputing it. Only the first step of
+the rest overlaps the load: with ``step_tokens`` (vLLM's
+``max_num_batched_tokens``), the tokens past it compute in later steps::
+
+    layerwise(L) = max(load(L), prefill(first)) + load(L) / num_layers + prefill(after)
+
 A layerwise load has a bandwidth of its own: it is issued layer by layer
 through the mover's direct path, which can be much slower than a whole-slot
 copy (on the H200, a 30k-token hit took 186 ms layerwise against
@@ -127,11 +137,14 @@ class CostModel:
         fixed_bandwidth: frozenset[Tier] = frozenset(),
         prefill: PrefillFit | None = None,
         num_layers: int = 1,
+        step_tokens: int = 0,
     ) -> None:
         """``bandwidth``: starting bytes/s per tier (CPU: the copy into vLLM's cache; SSD:
         the read into the CPU pool). Tiers in ``fixed_bandwidth`` keep theirs; a given
-        ``prefill`` is never refitted. ``num_layers``: a layerwise load exposes one layer's copy."""
+        ``prefill`` is never refitted. ``num_layers``: a layerwise load exposes one layer's copy;
+        ``step_tokens``: the most tokens one engine step computes (0: unknown, no limit)."""
         self.chunk_bytes = chunk_bytes
+        self.step_tokens = step_tokens
         self.num_layers = max(1, num_layers)
         self.step_seconds: float | None = None  # moving average of observed step times
         self.chunk_tokens = chunk_tokens
@@ -204,12 +217,15 @@ class CostModel:
         gpu_hit: int,
         overlap: bool = False,
         others: int = 0,
+        instep: int = 0,
     ) -> Decision:
         """How many of the resident chunks ``tiers`` (in prefix order) to load, and how.
 
         ``overlap``: a load of the leading CPU chunks may be layerwise (see the
         module docstring); otherwise every load is predicted load-then-compute.
         ``others``: requests running beside this one, which a layerwise load would hold up.
+        ``instep``: a layerwise load may also read SSD chunks, up to this many leading
+        chunks (0: only the leading CPU run), and weighs every such prefix.
         """
         n = len(tiers)
         fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
@@ -228,20 +244,47 @@ class CostModel:
             times[length] = load + fit.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
         recompute = fit.seconds(prompt_tokens - gpu_hit, gpu_hit)
-        if not overlap or fast == 0 or not calibrated:
+        lengths = self._instep_lengths(tiers, fast, instep)
+        if not overlap or not lengths or not calibrated:
             return Decision(
                 best, n, times[best], times[n], recompute, calibrated, async_s=times[best]
             )
         best_async = times[best] - self.load_seconds(tiers[:best])  # the prefill part
         async_s = self.async_seconds(self.load_seconds(tiers[:best]), best_async)
-        done = gpu_hit + fast * ct
-        layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
-        layer_load = fast * self.chunk_bytes / layer_bw
-        rest = fit.seconds(prompt_tokens - done, done)
-        lw = self.layerwise_seconds(layer_load, rest)
-        if lw + others * (lw - rest) <= async_s:
-            return Decision(fast, n, lw, times[n], recompute, True, True, async_s)
+        scored = [
+            (self._instep_seconds(tiers[:k], prompt_tokens, gpu_hit, fit), k) for k in lengths
+        ]
+        (lw, in_step), length = min(scored, key=lambda x: (x[0][0], -x[1]))
+        if lw + others * (in_step[1] - in_step[0]) <= async_s:
+            return Decision(length, n, lw, times[n], recompute, True, True, async_s)
         return Decision(best, n, async_s, times[n], recompute, True, False, async_s)
+
+    def _instep_lengths(self, tiers: Sequence[Tier], fast: int, instep: int) -> list[int]:
+        """The lengths of in-step load to weigh: the leading CPU run, or with ``instep``
+        every prefix of up to that many chunks (none of them remote)."""
+        if not instep:
+            return [fast] if fast else []
+        local = next((i for i, t in enumerate(tiers) if t is Tier.REMOTE), len(tiers))
+        return list(range(max(fast, 1), min(instep, local) + 1))
+
+    def _instep_seconds(
+        self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int, fit: PrefillFit
+    ) -> tuple[float, tuple[float, float]]:
+        """TTFT of loading ``tiers`` inside the step that computes the rest, and (the step's
+        prefill alone, the step with the load): the disk reads and the copies run layer by
+        layer beside the first step; the prompt's tokens past ``step_tokens`` compute after."""
+        layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
+        ssd = sum(1 for t in tiers if t is Tier.SSD)
+        load = max(
+            len(tiers) * self.chunk_bytes / layer_bw,
+            ssd * self.chunk_bytes / self.bandwidth[Tier.SSD],
+        )
+        done = gpu_hit + len(tiers) * self.chunk_tokens
+        rest = prompt_tokens - done
+        first = min(rest, self.step_tokens) if self.step_tokens else rest
+        prefill = fit.seconds(first, done)
+        step = self.layerwise_seconds(load, prefill)
+        return step + fit.seconds(rest - first, done + first), (prefill, step)
 
     # ---- calibration ----
     def observe_load(self, tier: Tier, nbytes: int, seconds: float) -> None:
@@ -329,7 +372,11 @@ class CostModel:
 
 
 def make_cost_model(
-    config: MiniFlexConfig, chunk_bytes: int, chunk_tokens: int, num_layers: int = 1
+    config: MiniFlexConfig,
+    chunk_bytes: int,
+    chunk_tokens: int,
+    num_layers: int = 1,
+    step_tokens: int = 0,
 ) -> CostModel:
     """The model with the overrides of ``config`` (``cpu_load_gbps``, ``ssd_read_gbps``,
     ``remote_read_gbps``, ``prefill_tokens_per_s``) fixed and everything else learned."""
@@ -344,4 +391,6 @@ def make_cost_model(
             fixed.add(tier)
     tps = config.prefill_tokens_per_s
     prefill = PrefillFit(0.0, 1.0 / tps, 0.0) if tps is not None else None
-    return CostModel(chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill, num_layers)
+    return CostModel(
+        chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill, num_layers, step_tokens
+    )

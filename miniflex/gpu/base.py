@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from miniflex.errors import TransferError
 from miniflex.plan import ChunkMove
 
-__all__ = ["DoneLoad", "KVMover", "LayerwiseLoad"]
+__all__ = ["DoneLoad", "KVMover", "LayerGate", "LayerwiseLoad"]
 
 
 class LayerwiseLoad(ABC):
@@ -43,6 +44,40 @@ class DoneLoad(LayerwiseLoad):
 
     def wait(self) -> int:
         return self.nbytes
+
+
+class LayerGate:
+    """Which layers of a load's chunks are in their pool slots yet, for a load whose chunks
+    are still being read there (an SSD read in parts, one layer after another).
+
+    The reading thread opens layers in order (:meth:`open_through`); a layerwise load
+    copies a layer only once it is open (:meth:`wait`). Whoever reads must open every
+    layer in the end, failed or not (:meth:`open_all`): a waiter is never left hanging.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self._open = 0
+        self._cond = threading.Condition()
+
+    def open_through(self, layer: int) -> None:
+        """Layers ``0..layer`` are in."""
+        with self._cond:
+            self._open = max(self._open, min(layer + 1, self.num_layers))
+            self._cond.notify_all()
+
+    def open_all(self) -> None:
+        self.open_through(self.num_layers - 1)
+
+    def opened(self) -> int:
+        """How many leading layers are in."""
+        with self._cond:
+            return self._open
+
+    def wait(self, layer: int) -> None:
+        """Block until layer ``layer`` is in (the interpreter lock released meanwhile)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._open > layer)
 
 
 class KVMover(ABC):
@@ -89,13 +124,19 @@ class KVMover(ABC):
     def load(self, chunks: Sequence[ChunkMove], after: object = None) -> int:
         """Copy each chunk's pool slot into its vLLM blocks (host -> device)."""
 
-    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+    def load_layerwise(
+        self, chunks: Sequence[ChunkMove], after: object = None, gate: LayerGate | None = None
+    ) -> LayerwiseLoad:
         """Start a load layer by layer, layer 0 first, and return without waiting for it.
 
         Called on vLLM's thread before a forward that reads these blocks; the
         forward calls :meth:`LayerwiseLoad.wait_layer` before each layer, so
-        layer ``l + 1`` copies while layer ``l`` computes. Raises TransferError
-        (before anything is queued) for chunks :meth:`load` would refuse.
-        This default loads everything at once and returns a finished load.
+        layer ``l + 1`` copies while layer ``l`` computes. ``gate``: the slots are
+        still being read into, a layer is copied only once the gate has opened it.
+        Raises TransferError (before anything is queued) for chunks :meth:`load`
+        would refuse. This default waits for the whole gate, loads everything at
+        once and returns a finished load.
         """
+        if gate is not None:
+            gate.wait(gate.num_layers - 1)
         return DoneLoad(self.load(chunks, after))

@@ -22,7 +22,7 @@ import torch
 
 from miniflex.errors import TransferError
 from miniflex.gpu import pinning
-from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
+from miniflex.gpu.base import DoneLoad, KVMover, LayerGate, LayerwiseLoad
 from miniflex.gpu.pages import NO_BLOCK, page_table
 from miniflex.layout import KVLayout
 from miniflex.plan import ChunkMove
@@ -130,12 +130,16 @@ class CudaMover(KVMover):
             raise TransferError(f"{type(self).__name__} copy failed: {exc}") from exc
         return nbytes
 
-    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+    def load_layerwise(
+        self, chunks: Sequence[ChunkMove], after: object = None, gate: LayerGate | None = None
+    ) -> LayerwiseLoad:
         g = self.layout.geometry
         blocks, rows = self._pages(chunks, after)
         nbytes = self._moved_bytes(blocks)
         if nbytes == 0:
             return DoneLoad(0)
+        if gate is not None:
+            return GatedLayerwiseLoad(self, self._load_by_layer(blocks, rows), after, gate, nbytes)
         events = []
         try:
             with torch.cuda.device(self.device_index), torch.cuda.stream(self.layer_stream):
@@ -185,6 +189,55 @@ class CudaLayerwiseLoad(LayerwiseLoad):
     def wait(self) -> int:
         try:
             self._events[-1].synchronize()  # one stream: the last layer's event covers all
+        except RuntimeError as exc:
+            raise TransferError(f"layerwise load failed: {exc}") from exc
+        return self.nbytes
+
+
+class GatedLayerwiseLoad(LayerwiseLoad):
+    """A layerwise load whose slots are still being read into (see :class:`LayerGate`).
+
+    A layer's copy is queued on the mover's layer stream once the gate opens it: when
+    the forward waits for that layer, or earlier, whenever a wait finds later layers
+    already open. The forward's wait for a layer not yet read blocks vLLM's thread, while
+    the GPU computes the layers queued before it. vLLM's thread only.
+    """
+
+    def __init__(
+        self, mover: CudaMover, copies: Iterator[int], after: object, gate: LayerGate, nbytes: int
+    ) -> None:
+        self._mover, self._copies, self._after, self._gate = mover, copies, after, gate
+        self._events: list[torch.cuda.Event] = []
+        self.nbytes = nbytes
+        self._queue_through(-1)  # whatever is in already
+
+    def _queue_through(self, layer: int) -> None:
+        """Queue the copies of layers ``0..layer`` (waiting for the gate), then of those
+        after it that are in already."""
+        m = self._mover
+        while (nxt := len(self._events)) < self._gate.num_layers:
+            if nxt > layer and self._gate.opened() <= nxt:
+                return
+            self._gate.wait(nxt)
+            try:
+                with torch.cuda.device(m.device_index), torch.cuda.stream(m.layer_stream):
+                    if nxt == 0 and self._after is not None:
+                        m.layer_stream.wait_event(self._after)
+                    next(self._copies)
+                    event = torch.cuda.Event()
+                    event.record(m.layer_stream)
+            except RuntimeError as exc:
+                raise TransferError(f"layerwise load of layer {nxt} failed: {exc}") from exc
+            self._events.append(event)
+
+    def wait_layer(self, layer: int) -> None:
+        self._queue_through(layer)
+        torch.cuda.current_stream(self._mover.device).wait_event(self._events[layer])
+
+    def wait(self) -> int:
+        self._queue_through(self._gate.num_layers - 1)
+        try:
+            self._events[-1].synchronize()
         except RuntimeError as exc:
             raise TransferError(f"layerwise load failed: {exc}") from exc
         return self.nbytes

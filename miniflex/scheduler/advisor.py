@@ -61,27 +61,40 @@ class HitAdvisor:
 
     # ---- decisions ----
     def decide(
-        self, st: ReqState, tiers: list[Tier], num_tokens: int, num_computed: int, ssd: bool
+        self,
+        st: ReqState,
+        tiers: list[Tier],
+        num_tokens: int,
+        num_computed: int,
+        ssd: bool,
+        instep: int = 0,
     ) -> tuple[int, LoadTiming, Decision | None]:
         """How many of the resident chunks (in ``tiers``) of request ``st`` to load, by
         ``hit_policy``, how (by ``load_mode``), and the cost model's decision where it made
-        one. ``ssd``: the engine has an SSD or remote tier. Reads ``st``, never writes it."""
+        one. ``ssd``: the engine has an SSD or remote tier; ``instep``: how many leading
+        chunks a load inside the step may take, SSD reads included (0: only CPU chunks
+        load inside a step). Reads ``st``, never writes it."""
         mode = self.config.load_mode
         layerwise = False
         decision = None
         others = self.running_besides(st)
         if self.config.hit_policy == "cost" and (ssd or mode == "auto"):
-            decision = self.cost.choose(tiers, num_tokens, num_computed, mode == "auto", others)
+            decision = self.cost.choose(
+                tiers, num_tokens, num_computed, mode == "auto", others, instep
+            )
             n, layerwise = decision.load_chunks, decision.layerwise
         else:
             n = len(tiers)
             if self.config.hit_policy == "cpu":
                 n = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
             if mode == "auto":
-                choice = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others)
-                layerwise = choice.layerwise
-        if n == 0 or any(t is not Tier.CPU for t in tiers[:n]):
-            timing = LoadTiming.ASYNC  # an SSD read (promotion) never runs inside a step
+                choice = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others, instep)
+                layerwise = choice.layerwise and choice.load_chunks == n
+        local = all(t is Tier.CPU for t in tiers[:n]) or (
+            n <= instep and Tier.REMOTE not in tiers[:n]
+        )
+        if n == 0 or not local:
+            timing = LoadTiming.ASYNC  # remote fetches, and reads past the CPU slots free
         elif mode == "auto":
             timing = LoadTiming.LAYERWISE if layerwise else LoadTiming.ASYNC
         else:

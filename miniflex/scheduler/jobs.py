@@ -138,8 +138,8 @@ class LoadRecord(JobRecord):
             if s.ssd is not None and not s.streamed
         )
         fetches = tuple(RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote)
-        reads = promotions or fetches or streams
-        assert not (reads and load.timing is not LoadTiming.ASYNC), "SSD, remote reads load async"
+        in_step = load.timing is not LoadTiming.ASYNC
+        assert not (in_step and (fetches or streams)), "remote and streamed reads load async"
         job = TransferJob(
             job_id,
             st.req_id,

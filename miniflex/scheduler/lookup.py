@@ -117,12 +117,15 @@ class HitLookup:
             tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
             matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
+        instep = self._instep(tiers)
         if Tier.REMOTE in tiers or (Tier.SSD in tiers and not self.tiers.stream_slots):
             tiers = tiers[: self.tiers.staged_prefix(tiers)]  # every read lands in a CPU slot
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:
             slow = self.tiers.ssd is not None or self.remote is not None
-            n, timing, decision = self.advisor.decide(st, tiers, num_tokens, num_computed, slow)
+            n, timing, decision = self.advisor.decide(
+                st, tiers, num_tokens, num_computed, slow, instep
+            )
         end = min((start + n) * ct, (num_tokens - 1) // bs * bs)
         if end <= num_computed or (
             self.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
@@ -130,6 +133,15 @@ class HitLookup:
             # auto: an in-step load only overlaps a step that runs attention eagerly
             timing = LoadTiming.ASYNC
         return Hit(max(0, end - num_computed), timing, decision, resident)
+
+    def _instep(self, tiers: list[Tier]) -> int:
+        """How many leading chunks a load inside the step may take, SSD reads included: as
+        many as CPU slots can take now (0: no SSD chunk, or workers that cannot read from SSD
+        in a step: a replicated pool, ``ssd_stream_bytes=0``)."""
+        if not self.tiers.stream_slots or Tier.SSD not in tiers:
+            return 0
+        local = tiers.index(Tier.REMOTE) if Tier.REMOTE in tiers else len(tiers)
+        return self.tiers.staged_prefix(tiers[:local])
 
     def _residence(self, st: ReqState, keys: list[ChunkKey], start: int, n: int) -> list[Tier]:
         """The tier of each of the ``n`` chunks matched from ``start`` on."""

@@ -78,7 +78,9 @@ class MiniFlexManager:
         self.config = config
         self.ns = ns
         self.graphs = graphs
-        self.cost = make_cost_model(config, chunk_bytes, ns.chunk_tokens, ns.num_layers)
+        self.cost = make_cost_model(
+            config, chunk_bytes, ns.chunk_tokens, ns.num_layers, step_tokens
+        )
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
         self.remote = remote
@@ -166,14 +168,14 @@ class MiniFlexManager:
         ct, timing = self.ns.chunk_tokens, st.hit.timing
         first, end = st.num_computed_tokens, st.num_computed_tokens + num_external
         keys = st.keys[first // ct : -(-end // ct)]
-        if timing is not LoadTiming.ASYNC:
-            # Only chunks still in CPU load inside the step; one that another request's
-            # promotion evicted since the lookup becomes a load error (recomputed).
-            keys = keys[: self.cpu.match(st.key_array[first // ct : -(-end // ct)])]
-        fetch = self.remote is not None and timing is LoadTiming.ASYNC
-        st.load = PendingLoad(
-            first, num_external, acquire_for_load(self.tiers, keys, fetch), timing
-        )
+        in_step = timing is not LoadTiming.ASYNC
+        if in_step and not self.tiers.stream_slots:  # its workers read no SSD in a step
+            keys = keys[: self.tiers.cpu.match(st.key_array[first // ct : -(-end // ct)])]
+        # A load inside the step reads SSD chunks into CPU slots only (no staging); what
+        # cannot be placed since the lookup becomes load errors (recomputed).
+        fetch = self.remote is not None and not in_step
+        sources = acquire_for_load(self.tiers, keys, fetch, in_step)
+        st.load = PendingLoad(first, num_external, sources, timing)
         st.loaded_as = timing
         self.stats.load_timing[timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, timing.value)

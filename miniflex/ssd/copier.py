@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from miniflex.config import MiniFlexConfig
 from miniflex.plan import SlotCopy
@@ -84,10 +84,17 @@ class SSDCopier:
             len(self.store.recovered()),
         )
 
-    def promote(self, copies: Sequence[SlotCopy]) -> tuple[set[ChunkKey], float]:
+    def promote(
+        self,
+        copies: Sequence[SlotCopy],
+        part_bytes: int = 0,
+        on_part: Callable[[int], None] | None = None,
+    ) -> tuple[set[ChunkKey], float]:
         """Read each chunk from SSD into its CPU slot: (keys that failed and were dropped,
-        seconds the read took, not counting a wait for a write-back holding the store)."""
-        ok = self.store.read([(c.key, c.ssd, self._view(c)) for c in copies])
+        seconds the read took, not counting a wait for a write-back holding the store).
+        ``part_bytes``, ``on_part``: read in parts, told of each (:meth:`SSDStore.read`)."""
+        items = [(c.key, c.ssd, self._view(c)) for c in copies]
+        ok = self.store.read(items, part_bytes, on_part)
         failed = {c.key for c, good in zip(copies, ok, strict=True) if not good}
         return failed, self.store.last_read_seconds
 

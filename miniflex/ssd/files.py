@@ -14,7 +14,7 @@ from miniflex.layout import ALIGN
 from miniflex.ssd.base import io_error
 from miniflex.units import format_bytes
 
-__all__ = ["open_direct", "supports_direct"]
+__all__ = ["open_direct", "slot_parts", "supports_direct"]
 
 
 def open_direct(path: str | os.PathLike[str], size: int, create: bool = True) -> int:
@@ -104,3 +104,14 @@ def _preallocate(fd: int, name: str, size: int) -> None:
         # No fallocate here (e.g. some network file systems): a sparse file still works.
         if os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)
+
+
+def slot_parts(slot_bytes: int, part_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of a slot read in parts of ``part_bytes`` (the last to the slot's end)."""
+    if part_bytes <= 0 or part_bytes >= slot_bytes:
+        return [(0, slot_bytes)]
+    if part_bytes % ALIGN:
+        raise ValueError(f"read parts of {part_bytes} bytes are not a multiple of {ALIGN}")
+    last = slot_bytes - 2 * part_bytes  # parts past it run to the end
+    starts = range(0, slot_bytes - part_bytes + 1, part_bytes)
+    return [(lo, lo + part_bytes if lo <= last else slot_bytes) for lo in starts]

@@ -34,14 +34,14 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 
 from miniflex.errors import ConfigError, IOBackendError
 from miniflex.layout import ALIGN
 from miniflex.ssd.backends import make_backend
 from miniflex.ssd.base import BackendError, IOBackend, IOOp
-from miniflex.ssd.files import open_direct
+from miniflex.ssd.files import open_direct, slot_parts
 from miniflex.ssd.journal import SlotJournal, read_journal
 from miniflex.types import ChunkKey, SlotId
 
@@ -213,12 +213,22 @@ class SSDStore:
                 return [False] * len(items)
             return ok
 
-    def read(self, items: Sequence[Item]) -> list[bool]:
+    def read(
+        self,
+        items: Sequence[Item],
+        part_bytes: int = 0,
+        on_part: Callable[[int], None] | None = None,
+    ) -> list[bool]:
         """Read each ``(key, slot, buf)`` into ``buf`` and verify its checksum.
 
         ``False`` for a key not journaled at that slot, an I/O error or a
         checksum mismatch; the latter two drop the key (journal DEL), so a
         corrupt chunk is never served. ``buf``'s content is unspecified then.
+
+        ``part_bytes`` (a multiple of 4 KiB, 0: whole slots): read every slot in parts of
+        that many bytes, part ``p`` of all items as one batch, the last part running to the
+        slot's end, and call ``on_part(p)`` once each batch is in (its bytes not verified
+        yet: the checksums are checked once every part is read).
         """
         with self._mutex:
             t0 = time.perf_counter()
@@ -229,7 +239,12 @@ class SSDStore:
                 entry = journal.live.get(key)
                 if entry is not None and entry[0] == slot:
                     sums[i] = entry[1]
-            ran = self._run([self._op(items[i][1], items[i][2], False) for i in sums])
+            ran = [True] * len(sums)
+            for p, (lo, hi) in enumerate(slot_parts(self.slot_bytes, part_bytes)):
+                got = self._run([self._op(items[i][1], items[i][2], False, lo, hi) for i in sums])
+                ran = [a and b for a, b in zip(ran, got, strict=True)]
+                if on_part is not None:
+                    on_part(p)
             ok = [False] * len(items)
             for (i, crc), good in zip(sums.items(), ran, strict=True):
                 ok[i] = good and zlib.crc32(items[i][2]) == crc
@@ -295,9 +310,11 @@ class SSDStore:
             if memoryview(buf).nbytes != self.slot_bytes:
                 raise ValueError(f"buffer of {memoryview(buf).nbytes} bytes, not {self.slot_bytes}")
 
-    def _op(self, slot: SlotId, buf: memoryview, write: bool) -> IOOp:
+    def _op(self, slot: SlotId, buf: memoryview, write: bool, lo: int = 0, hi: int = 0) -> IOOp:
+        """The op on bytes ``[lo, hi)`` of the slot (``hi`` 0: to its end)."""
         path, offset = self.location(slot)
-        return IOOp(self._fds[slot % len(self._fds)], path, offset, buf, write)
+        view = memoryview(buf).cast("B")[lo : hi or None]
+        return IOOp(self._fds[slot % len(self._fds)], path, offset + lo, view, write)
 
     def _run(self, ops: list[IOOp]) -> list[bool]:
         """Run ``ops`` as one batch; a failed op is ``False`` and the rest are retried."""

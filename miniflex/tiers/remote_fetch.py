@@ -22,10 +22,13 @@ from miniflex.types import ChunkKey
 __all__ = ["acquire_fetches", "acquire_for_load"]
 
 
-def acquire_for_load(stack: TierStack, keys: Sequence[ChunkKey], fetch: bool) -> list[ChunkSource]:
-    """Pin a load's ``keys``: the local run (:meth:`TierStack.acquire`), then, if ``fetch``
-    (a remote tier, and a load before the step), fresh CPU slots for the rest."""
-    sources = stack.acquire(keys)
+def acquire_for_load(
+    stack: TierStack, keys: Sequence[ChunkKey], fetch: bool, in_step: bool = False
+) -> list[ChunkSource]:
+    """Pin a load's ``keys``: the local run (:meth:`TierStack.acquire`; ``in_step``: a
+    load inside a step, no staging slots), then, if ``fetch`` (a remote tier, and a load
+    before the step), fresh CPU slots for the rest."""
+    sources = stack.acquire(keys, stream=not in_step)
     if fetch and len(sources) < len(keys):
         sources += acquire_fetches(stack.cpu, keys[len(sources) :])
     return sources

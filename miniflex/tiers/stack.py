@@ -143,7 +143,7 @@ class TierStack:
         return out
 
     # ---- loads ----
-    def acquire(self, keys: Sequence[ChunkKey]) -> list[ChunkSource]:
+    def acquire(self, keys: Sequence[ChunkKey], stream: bool = True) -> list[ChunkSource]:
         """Pin the leading resident ``keys`` for a load; may return fewer (never more).
 
         Every chunk is pinned in its tier first, so promoting an SSD chunk
@@ -151,7 +151,8 @@ class TierStack:
         evicts a chunk of the same load. An SSD chunk is promoted while a CPU
         slot can be freed (with staging slots, only while the load holds fewer
         than :attr:`max_load_chunks`); after that it is streamed through the
-        staging slots or, with none, the load ends there.
+        staging slots or, with none (or ``stream=False``: a load inside a step, whose every
+        chunk is held at once), the load ends there.
         """
         where = self.residence(keys)
         keys = list(keys)[: len(where)]
@@ -176,7 +177,7 @@ class TierStack:
             if placed:
                 held += 1
                 out.append(ChunkSource(key, placed[0][1], slot))
-            elif self.stream_slots:
+            elif self.stream_slots and stream:
                 staging = SlotId(self.cpu.num_slots + streamed % self.stream_slots)
                 streamed += 1
                 out.append(ChunkSource(key, staging, slot, streamed=True))

@@ -35,9 +35,8 @@ store. Four threads, each running its jobs in plan order:
   (``streams.py``). The store serializes a read with the write job in
   progress, not with those queued behind it;
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
-  ``start_load_kv``, before the forward that reads them, and finished once that
-  forward is issued (``step_loads.py``); they read only CPU slots whose chunk
-  was committed, i.e. whose store every worker had finished;
+  ``start_load_kv`` and finished once the forward is issued (``step_loads.py``);
+  their SSD chunks are read layer by layer meanwhile (``step_reads.py``);
 * stores are queued at ``wait_for_save``, after the forward that computed their
   blocks, a plan's as one copy (``store_batch.py``); a finished request keeps
   its blocks until its stores are done (``TransferPlan.release``);
@@ -77,6 +76,7 @@ from miniflex.worker.promotions import Promoter
 from miniflex.worker.rank_io import open_rank_io
 from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
+from miniflex.worker.step_reads import StepReads
 from miniflex.worker.step_timer import StepTimer
 from miniflex.worker.store_batch import StoreBatch, execute_stores
 from miniflex.worker.streams import StagingRing, Streamer
@@ -121,6 +121,7 @@ class MiniFlexHandler:
         self._timer: StepTimer | None = None
         self._probe: LoadProbe | None = None  # reported once, with the first results
         self._step_loads = StepLoads({})
+        self._step_reads: StepReads | None = None
         self._cpu = ThreadClock()
         self._writes = True  # False: a replicated cache's rank > 0 (rank 0 writes its chunks)
         self._promoter = Promoter(None, None, True)  # CPU seconds of the three threads' jobs
@@ -144,6 +145,9 @@ class MiniFlexHandler:
         self._mover, self._store_mover, self._promoter = io.mover, io.store_mover, io.promoter
         self._writes = setup.writes
         self._streamer = Streamer(io.ssd, StagingRing(num_slots, io.staging), self._queue.put)
+        if io.ssd is not None and io.staging and setup.writes:  # a pool of this rank's own
+            g = io.layout.geometry
+            self._step_reads = StepReads(io.ssd, self._guard, io.pool.slot_bytes, g)
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
@@ -174,7 +178,7 @@ class MiniFlexHandler:
     def _bind_step_loads(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         assert self._mover is not None
         names = {name: i for i, name in enumerate(kv_caches)}  # the movers' layer order
-        self._step_loads = StepLoads(names)
+        self._step_loads = StepLoads(names, self._step_reads)
 
     # ---- plan execution ----
     def submit(self, plan: TransferPlan, kind: JobKind, before_forward: bool = True) -> None:

@@ -29,8 +29,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from miniflex.errors import TransferError
 from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
 from miniflex.plan import JobResult, LoadTiming, TransferJob
+from miniflex.worker.step_reads import DiskRead, StepReads
 
 __all__ = ["StepLoads"]
 
@@ -47,14 +49,17 @@ class _Issued:
     issue_seconds: float
     error: str = ""
     waited: set[int] = field(default_factory=set)  # layers the forward waited for
+    read: DiskRead | None = None  # its SSD reads (promotions), in flight
 
 
 class StepLoads:
     """The in-step loads of the step being computed on one worker (vLLM's thread only)."""
 
-    def __init__(self, layer_names: Mapping[str, int]) -> None:
-        """``layer_names``: vLLM's layer name -> index, in KV cache registration order."""
+    def __init__(self, layer_names: Mapping[str, int], reads: StepReads | None = None) -> None:
+        """``layer_names``: vLLM's layer name -> index, in KV cache registration order;
+        ``reads``: this worker's in-step SSD reads (None: a load that promotes fails)."""
         self._layers = dict(layer_names)
+        self._reads = reads
         self._issued: list[_Issued] = []
         self._waited_all = False
         self._warned = False
@@ -73,12 +78,18 @@ class StepLoads:
             if not before_forward:
                 self._issued.append(_Issued(job, None, t0, 0.0, "issued after the forward"))
                 continue
+            read = None
             try:
-                load = mover.load_layerwise(job.chunks, after=fence)
+                if job.promotions:
+                    if self._reads is None:
+                        raise TransferError("this worker cannot read from SSD inside a step")
+                    read = self._reads.start(job)
+                gate = read.gate if read is not None else None
+                load = mover.load_layerwise(job.chunks, after=fence, gate=gate)
             except Exception as exc:  # the worker boundary: report, never crash vLLM
-                self._issued.append(_Issued(job, None, t0, 0.0, str(exc)))
+                self._issued.append(_Issued(job, None, t0, 0.0, str(exc), read=read))
                 continue
-            self._issued.append(_Issued(job, load, t0, time.perf_counter() - t0))
+            self._issued.append(_Issued(job, load, t0, time.perf_counter() - t0, read=read))
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` reads its KV cache."""
@@ -91,8 +102,7 @@ class StepLoads:
             if index is None or it.job.timing is LoadTiming.SYNC:
                 self._wait_all(it)  # an unknown layer: assume it reads every layer
             elif index not in it.waited:
-                it.load.wait_layer(index)
-                it.waited.add(index)
+                self._wait(it, index)
         self._waited_all = index is None or all(
             it.load is None or len(it.waited) == len(self._layers) for it in self._issued
         )
@@ -109,8 +119,19 @@ class StepLoads:
         assert it.load is not None
         for layer in range(len(self._layers)):
             if layer not in it.waited:
-                it.load.wait_layer(layer)
-                it.waited.add(layer)
+                self._wait(it, layer)
+
+    def _wait(self, it: _Issued, layer: int) -> None:
+        """Order the forward after ``layer`` of ``it``; a load that cannot be waited for
+        (its copy failed to queue) fails, and the forward goes on (vLLM recomputes)."""
+        assert it.load is not None
+        it.waited.add(layer)
+        if it.error:
+            return
+        try:
+            it.load.wait_layer(layer)
+        except Exception as exc:  # the worker boundary: never crash vLLM's forward
+            it.error = str(exc)
 
     def finish(self) -> list[JobResult]:
         """Wait for every load of the step; their results (failed blocks included)."""
@@ -128,7 +149,7 @@ class StepLoads:
             try:
                 moved = it.load.wait()
             except Exception as exc:  # the worker boundary: report, never crash vLLM
-                error = str(exc)
+                error = error or str(exc)
             if not isinstance(it.load, DoneLoad):
                 # Copies overlapped the forward: from issue to done (an upper bound).
                 seconds = time.perf_counter() - it.started
@@ -137,18 +158,39 @@ class StepLoads:
             unwaited = len(it.waited) < len(self._layers)
             if not error and unwaited and not isinstance(it.load, DoneLoad):
                 error = _UNWAITED
+        bad, ssd_s = set(), 0.0
+        if it.read is not None:  # its slots are written until the reads end, whatever failed
+            bad, ssd_s, read_error = it.read.join()
+            error = error or read_error
         if error:
-            if error != _UNWAITED or not self._warned:  # a backend's habit: say it once
-                logger.error(
-                    "MiniFlex %s load %d of %s failed: %s; vLLM recomputes its blocks",
-                    job.timing.value,
-                    job.job_id,
-                    job.req_id,
-                    error,
-                )
-                self._warned = self._warned or error == _UNWAITED
+            self._log_failure(job, error)
             failed = (*job.block_ids, *job.unavailable)
-            return JobResult(job.job_id, job.req_id, job.kind, False, 0, seconds, failed)
+            return JobResult(
+                job.job_id, job.req_id, job.kind, False, 0, seconds, failed, tuple(bad)
+            )
+        bad_slots = {c.cpu for c in job.promotions if c.key in bad}
+        lost = [b for m in job.chunks if m.slot in bad_slots for b in m.block_ids]
+        io = self._reads.io if self._reads is not None and job.promotions else ""
         return JobResult(
-            job.job_id, job.req_id, job.kind, True, moved, seconds, tuple(job.unavailable)
+            job.job_id,
+            job.req_id,
+            job.kind,
+            True,
+            moved,
+            seconds,
+            (*lost, *job.unavailable),
+            tuple(bad),
+            io,
+            ssd_s,
         )
+
+    def _log_failure(self, job: TransferJob, error: str) -> None:
+        if error != _UNWAITED or not self._warned:  # a backend's habit: say it once
+            logger.error(
+                "MiniFlex %s load %d of %s failed: %s; vLLM recomputes its blocks",
+                job.timing.value,
+                job.job_id,
+                job.req_id,
+                error,
+            )
+            self._warned = self._warned or error == _UNWAITED

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from miniflex.errors import TransferError
-from miniflex.gpu.base import KVMover, LayerwiseLoad
+from miniflex.gpu.base import KVMover, LayerGate, LayerwiseLoad
 from miniflex.plan import ChunkMove
 
 POISON = -1234.0
@@ -88,10 +88,14 @@ class GatedMover(KVMover):
         with self.lock:
             return self.inner.load(chunks, after)
 
-    def load_layerwise(self, chunks: Sequence[ChunkMove], after: object = None) -> LayerwiseLoad:
+    def load_layerwise(
+        self, chunks: Sequence[ChunkMove], after: object = None, gate: LayerGate | None = None
+    ) -> LayerwiseLoad:
         if self.fail_layerwise:
             self.fail_layerwise = False
             raise TransferError("injected failure at issue")
+        if gate is not None:  # chunks still being read from SSD: copy them once all are in
+            gate.wait(gate.num_layers - 1)
         blocks = [b for c in chunks for b in c.block_ids]
         nbytes = self.load(chunks, after)
         deferred = DeferredLoad(self.kv, blocks, nbytes, self.log)

@@ -66,3 +66,36 @@ def test_prompts_four_times_the_cpu_tier_load_from_ssd_whole(
         assert same_output(r, c)
     assert again.hit_by_tier == {"ssd": hit}
     assert same_output(again, cold[1])
+
+
+def test_ssd_chunks_load_inside_the_step_that_computes_the_rest(
+    tiny_model: Path, ssd_dir: Path
+) -> None:
+    """``load_mode=layerwise``: after a restart (CPU tier empty) a prompt written through
+    to SSD is read into CPU slots while the step that computes its tail runs; the output
+    equals the recompute's."""
+    config = {
+        "cpu_bytes": str(24 * CHUNK_TOKENS * KV_BYTES_PER_TOKEN),
+        "ssd_dirs": str(ssd_dir),
+        "ssd_bytes": "64MiB",
+        "ssd_write": "through",
+        "hit_policy": "load",
+        "load_mode": "layerwise",
+    }
+    p = prompt(600, PROMPT_TOKENS)
+    hit = expected_hit(PROMPT_TOKENS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONHASHSEED", "0")  # reproducible block hashes across engines
+        llm = make_llm(tiny_model, KV_TOKENS, config)
+        try:
+            cold = run(llm, p)
+        finally:
+            close(llm)
+        restarted = make_llm(tiny_model, KV_TOKENS, config)
+        try:
+            again = run(restarted, p)
+        finally:
+            close(restarted)
+    assert cold.miniflex_hit_tokens == 0
+    assert again.hit_by_tier == {"ssd": hit} and again.load == "layerwise"
+    assert same_output(again, cold)

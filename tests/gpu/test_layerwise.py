@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
+import numpy as np
 import pytest
 import torch
 
+from miniflex.gpu.base import LayerGate
 from miniflex.gpu.synthetic import random_chunks, synthetic_caches
 from miniflex.plan import ChunkMove
 from miniflex.types import BlockId, SlotId
@@ -156,3 +159,46 @@ def test_a_large_layerwise_load_runs_on_more_ctas_and_is_exact(pools, name) -> N
         for c, b in zip(chunks, back, strict=True):
             for bs, bd in zip(c.block_ids, b.block_ids, strict=True):
                 assert torch.equal(page(s, bs), page(d, bd))
+
+
+@pytest.mark.parametrize(("name", "kw"), MOVERS)
+def test_a_gated_load_copies_each_layer_only_once_its_bytes_are_in(pools, name, kw) -> None:
+    """As an in-step SSD read: the slots hold garbage until a reader thread fills them layer
+    by layer and opens the gate; a layer copied before its gate opened would be garbage."""
+    src, dst = caches(), caches()
+    layout = layout_of(src)
+    g = layout.geometry
+    pool = pools(4, g.slot_bytes)
+    chunks = [
+        ChunkMove(SlotId(s), tuple(BlockId(s * BPC + j) for j in range(BPC))) for s in range(4)
+    ]
+    make_mover(name, layout, src, pool, **kw).store(chunks)
+    good = [np.array(pool.slot(s), copy=True) for s in range(4)]
+    for s in range(4):
+        pool.slot(s)[:] = 0xA5
+    mover = make_mover(name, layout_of(dst), dst, pool, **kw)
+    gate = LayerGate(g.num_layers)
+    load = mover.load_layerwise(moved_elsewhere(chunks, BLOCKS // 2), gate=gate)
+    layer_bytes = g.blocks_per_chunk * g.page_bytes
+
+    def read_in() -> None:
+        for layer in range(g.num_layers):
+            time.sleep(0.02)
+            lo, hi = layer * layer_bytes, (layer + 1) * layer_bytes
+            for s in range(4):
+                pool.slot(s)[lo:hi] = good[s][lo:hi]
+            gate.open_through(layer)
+
+    thread = threading.Thread(target=read_in)
+    thread.start()
+    seen = []
+    for t in dst.values():  # the forward, layer by layer
+        load.wait_layer(len(seen))
+        seen.append(t.clone())
+    assert load.wait() == 4 * g.chunk_bytes
+    thread.join()
+    torch.cuda.synchronize()
+    for (lname, s), got in zip(src.items(), seen, strict=True):
+        for c in chunks:
+            for b in c.block_ids:
+                assert torch.equal(page(s, b), page(got, (b + BLOCKS // 2) % BLOCKS)), lname

@@ -220,6 +220,33 @@ def test_only_the_cpu_prefix_may_go_layerwise_and_ssd_chunks_then_recompute() ->
     assert not d.layerwise
 
 
+def test_an_ssd_prefix_read_beside_the_prefill_of_the_rest_beats_both_extremes() -> None:
+    # 64 SSD chunks of 64 MiB at 1 GB/s: 67 ms each to read, and 67 ms each to recompute
+    # (1.05 ms a token): loading all or recomputing all takes about 4.3 s; reading the first
+    # half while the second half computes, about half of that
+    per_token = CHUNK_BYTES / 1e9 / CHUNK_TOKENS
+    m = layered(cpu_gbps=50, per_token=per_token)
+    prompt = 64 * CHUNK_TOKENS
+    d = m.choose([SSD] * 64, prompt, gpu_hit=0, overlap=True, instep=64)
+    assert d.layerwise and 28 <= d.load_chunks <= 36
+    assert d.predicted_s < 0.55 * min(d.recompute_s, d.load_all_s)
+    # no in-step reads allowed: the old choice, load-then-compute
+    assert not m.choose([SSD] * 64, prompt, gpu_hit=0, overlap=True).layerwise
+    # at most as many chunks as CPU slots can take
+    capped = m.choose([SSD] * 64, prompt, gpu_hit=0, overlap=True, instep=10)
+    assert capped.layerwise and capped.load_chunks == 10
+
+
+def test_only_the_first_step_of_the_rest_hides_an_in_step_read() -> None:
+    # As above, but the engine computes 2 chunks' tokens a step: the read overlaps those
+    # alone, and the split gains little over recomputing
+    per_token = CHUNK_BYTES / 1e9 / CHUNK_TOKENS
+    m = layered(cpu_gbps=50, per_token=per_token)
+    m.step_tokens = 2 * CHUNK_TOKENS
+    d = m.choose([SSD] * 64, 64 * CHUNK_TOKENS, gpu_hit=0, overlap=True, instep=64)
+    assert d.predicted_s > 0.9 * d.recompute_s
+
+
 def test_uncalibrated_cpu_hit_goes_layerwise_an_ssd_hit_async() -> None:
     m = CostModel(CHUNK_BYTES, CHUNK_TOKENS, num_layers=4)
     assert m.choose([CPU, CPU], 1000, 0, overlap=True).layerwise
