@@ -64,7 +64,7 @@ from miniflex.config import MiniFlexConfig
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.layout import KVLayout
-from miniflex.plan import JobKind, JobResult, LoadProbe, TransferPlan
+from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
@@ -202,16 +202,20 @@ class MiniFlexHandler:
             self.submit(plan, JobKind.LOAD)  # demotions and loads always go first
         self._submitted.add(kind)
         group = _GROUPS[kind]
-        jobs = [job for job in plan.jobs if job.kind in group and not job.synchronous]
-        if kind is JobKind.LOAD:
+        self._guard.prune()
+        self._queue_jobs([job for job in plan.jobs if job.kind in group and not job.synchronous])
+        if kind is JobKind.LOAD:  # after the demotions above hold their slots (SlotGuard)
             self._step_loads.issue(
                 [job for job in plan.jobs if job.synchronous], self._mover, before_forward
             )
             if plan.full_graph and before_forward:
                 self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
-        self._guard.prune()
+
+    def _queue_jobs(self, jobs: list[TransferJob]) -> None:
+        """Queue a plan's jobs for the threads, each once the slots it writes are free."""
         if not jobs:
             return
+        assert self._mover is not None
         fence, stores = self._mover.fence(), StoreBatch(self._store_queue.put)  # one copy
         for job in jobs:
             fut: Future[JobResult] = Future()

@@ -11,6 +11,7 @@ read is checked bit for bit.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -123,4 +124,32 @@ def test_without_staging_slots_ssd_chunks_load_before_the_step(tmp_path: Path, s
     t = summed_totals(h.kv_stats)
     assert t["loads_async"] == 1 and t.get("loads_layerwise", 0) == 0
     assert t["hit_tokens_ssd"] == CHUNKS * CHUNK
+    h.worker.shutdown()
+
+
+def test_an_in_step_load_that_evicts_unwritten_chunks_keeps_them_right(
+    tmp_path: Path, ssd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-step load's promotions evict chunks that are not on SSD yet: they are written
+    back in the same plan, on a slow disk (the writes start after the reads), and what
+    comes back of them later is their own bytes."""
+    h = on_ssd_only(tmp_path, ssd, 4, ssd_write="back")
+    for i in range(2):  # the CPU tier fills with chunks that are not on SSD yet
+        h.cached_in_miniflex_only(f"fill{i}", tokens(10 + i))
+    copier = h.worker.handler._ssd
+    demote = copier.demote
+
+    def slow_demote(copies):  # the disk is busy: the write starts after the reads would
+        time.sleep(0.3)
+        return demote(copies)
+
+    monkeypatch.setattr(copier, "demote", slow_demote)
+    t0 = summed_totals(h.kv_stats)["demoted_chunks"]
+    assert h.serve("b", tokens(4), read=True) == CHUNKS * CHUNK  # checks what it read
+    assert summed_totals(h.kv_stats)["demoted_chunks"] > t0  # evictions were written back
+    loaded = []
+    for i in range(2):  # what comes back of the fillers is right (serve checks the bytes)
+        assert h.sched.reset_prefix_cache()
+        loaded.append(h.serve(f"again{i}", tokens(10 + i)))
+    assert sum(loaded) >= CHUNKS * CHUNK, loaded
     h.worker.shutdown()
