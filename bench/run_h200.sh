@@ -2,11 +2,13 @@
 # The benchmarks on the H200 machine, side by side: vLLM APC alone, vLLM's native
 # OffloadingConnector, MiniFlex's CPU tier, MiniFlex CPU+SSD. vLLM 0.26.0 must be importable
 # (on PYTHONPATH; the project root is added here); the model is the Qwen3-8B-shaped
-# config in bench/models/qwen3-8b-shape with dummy weights; vLLM's KV cache is limited with
-# num_gpu_blocks_override (--gpu-blocks) so that the over-capacity cases are real.
+# config in bench/models/qwen3-8b-shape with dummy weights (regime: also qwen3-32b-shape and
+# qwen3-8b-shape-128k); vLLM's KV cache is limited with num_gpu_blocks_override
+# (--gpu-blocks) so that the over-capacity cases are real.
 #
 #   bash bench/run_h200.sh PART OUT_DIR
-#   PART: ttft | decode | burst | overflow | mixed | overhead | multiturn | ssd | remote | all
+#   PART: ttft | decode | burst | overflow | mixed | overhead | multiturn | ssd | regime | remote
+#         | all (every part but regime)
 #
 # Engines run as users run them: torch.compile and CUDA graphs (vLLM's default,
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
@@ -26,6 +28,23 @@
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
 # with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
+# regime does the same where the SSD tier should pay: long prompts on larger models, each
+# computed in one step once evicted (--max-num-batched-tokens of a prompt or half of one).
+# One `miniflex bench ttft` run per shape in REGIME_SHAPES (default 32b,8b-128k), one repeat,
+# REGIME_CONFIGS (default APC alone, miniflex-ssd, miniflex-ssd with every hit loaded, async,
+# and vLLM's CPU+fs tiering), into OUT_DIR/ttft/h200-regime-<shape>.json: 32b is
+# bench/models/qwen3-32b-shape (256 KiB of KV a token) at 8,192 and 32,768 tokens over an
+# 8 GiB CPU tier (fillers 12 GiB), 8b-128k is qwen3-8b-shape-128k at 65,536 and 131,072
+# tokens over a 9 GiB one, half a 128k prompt (fillers 13.5 GiB; vLLM's fs tier promotes a
+# whole prompt into its CPU tier, so it can load at most half of a 128k one). Every shape is
+# a run of its own under LIMIT_S; with four configurations one takes about 9-11 minutes
+# (32b: 32B engines start in about 200 s, then 60-80 s each; 8b-128k: 150 s, then 40-60 s;
+# 30-80 s of requests and disk writes per configuration), so give each shape its own call
+# with LIMIT_S=570 under a 10-minute limit, or split REGIME_CONFIGS over two calls with apc
+# in each. Disk, per configuration (the directory is emptied between them): miniflex-ssd
+# preallocates --ssd-bytes (24 GiB, 36 GiB); vLLM's fs tier never evicts and writes 34 GiB
+# (32b) and 54 GiB (8b-128k), the latter more than a 64 GiB disk has free: there run
+# native-fs at 8b-128k with EXTRA_ARGS="--ttft-prompts 131072" (about 32 GiB).
 # remote (bench/remote_share.py): two engines on the GPU, one after the other, and one
 # redis-server on the same machine; engine A computes 8k and 30k-token prompts, engine B serves
 # them through the store, against recompute and its own CPU-tier hit, into
@@ -33,19 +52,20 @@
 # the cost model's choice, and a fetch forced where it would recompute). The machine has no redis-server: stage it here with
 # `bash bench/stage_redis.sh` (.redisstage, 16 MB; carry it and copy it to /tmp/redisstage),
 # or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
-# Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S, COMMIT (the
-# commit measured, for a copied tree without git), EXTRA_ARGS (more `miniflex bench`
-# arguments; EXTRA_ARGS=--dry-run checks a part without starting engines, and
-# EXTRA_ARGS="--ssd-cpu-bytes cpu" gives miniflex-ssd the CPU tier's bytes), VERBOSE=1 (vLLM's
-# and MiniFlex's INFO log into OUT_DIR/<part>.log, with the time per connector hook that each
-# engine logs when it shuts down).
+# Environment: PYTHON (default python3), CONFIGS (default all four), LIMIT_S (per run; regime
+# has one per shape), COMMIT (the commit measured, for a copied tree without git), EXTRA_ARGS
+# (more `miniflex bench` arguments, after the part's own, so they win; EXTRA_ARGS=--dry-run
+# checks a part without starting engines, and EXTRA_ARGS="--ssd-cpu-bytes cpu" gives
+# miniflex-ssd the CPU tier's bytes), VERBOSE=1 (vLLM's and MiniFlex's INFO log into
+# OUT_DIR/<part>.log, with the time per connector hook that each engine logs when it shuts
+# down).
 # LMCache is a row of its own with e.g. CONFIGS=apc,miniflex-cpu,native,lmcache once it is
 # importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
 # after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|remote|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -55,6 +75,8 @@ CONFIGS="${CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 MT_CONFIGS="${MT_CONFIGS:-apc,miniflex-sync,miniflex-layerwise,miniflex-async,miniflex-ssd}"
 OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
+REGIME_CONFIGS="${REGIME_CONFIGS:-apc,miniflex-ssd,miniflex-ssd+hit_policy=load+load_mode=async,native-fs}"
+REGIME_SHAPES="${REGIME_SHAPES:-32b,8b-128k}"
 LIMIT_S="${LIMIT_S:-900}"
 
 VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
@@ -64,20 +86,20 @@ if ! "$PY" -c "$VERSIONS"; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 || true
 
-COMMON=(
-  --model bench/models/qwen3-8b-shape --load-format dummy --block-size 16
-  --max-num-batched-tokens 8192 --out-dir "$OUT" --tag h200
-)
+MODEL=bench/models/qwen3-8b-shape  # a part may run another: MODEL=... BATCHED=... run_part
+BATCHED=8192
+COMMON=(--load-format dummy --block-size 16 --out-dir "$OUT" --tag h200)
 if [ -n "${COMMIT:-}" ]; then COMMON+=(--commit "$COMMIT"); fi
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
-run_part() {  # run_part NAME WORKLOADS [miniflex bench args]
+run_part() {  # run_part NAME WORKLOADS [miniflex bench args]; MODEL, BATCHED: the model and
+  # its --max-num-batched-tokens
   local name="$1" workloads="$2"
   shift 2
   echo "[run_h200] $(date +%T) $name: miniflex bench $workloads $*"
   timeout -s INT -k 60 "$LIMIT_S" \
-    "$PY" -m miniflex.cli ${VERBOSE:+-v} bench "$workloads" --configs "$CONFIGS" "$@" "${COMMON[@]}" \
-    "${EXTRA[@]}" \
+    "$PY" -m miniflex.cli ${VERBOSE:+-v} bench "$workloads" --configs "$CONFIGS" "$@" \
+    --model "$MODEL" --max-num-batched-tokens "$BATCHED" "${COMMON[@]}" "${EXTRA[@]}" \
     > "$OUT/$name.txt" 2> "$OUT/$name.log"
   local rc=$?
   grep '^\[bench' "$OUT/$name.log" | tail -n 50
@@ -123,6 +145,29 @@ case "$PART" in
     # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
     CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
       --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/h200-ssd-resident.json" ;;
+  regime)  # 32b: 2100 blocks = 33,600 tokens (8.2 GiB) hold a 32k prompt and its GPU-hit
+    # rerun; 8b-128k: 8300 blocks = 132,800 tokens (18.2 GiB) a 128k one. The SSD tier holds
+    # the prompt and the fillers after it (8 + 12 and 18 + 13.5 GiB)
+    for shape in ${REGIME_SHAPES//,/ }; do
+      case "$shape" in 32b|8b-128k) ;; *)
+        echo "[run_h200] REGIME_SHAPES: unknown shape '$shape' (32b, 8b-128k)" >&2; exit 2 ;; esac
+    done
+    status=0
+    for shape in ${REGIME_SHAPES//,/ }; do
+      case "$shape" in
+        32b)
+          MODEL=bench/models/qwen3-32b-shape BATCHED=32768 CONFIGS="$REGIME_CONFIGS" \
+            run_part regime-32b ttft --gpu-blocks 2100 --ttft-prompts 8192,32768 --repeat 1 \
+            --ttft-evict cpu --cpu-bytes 8GiB --ssd-cpu-bytes 8GiB --ssd-bytes 24GiB \
+            --json "$OUT/ttft/h200-regime-32b.json" || status=1 ;;
+        8b-128k)
+          MODEL=bench/models/qwen3-8b-shape-128k BATCHED=65536 CONFIGS="$REGIME_CONFIGS" \
+            run_part regime-8b-128k ttft --gpu-blocks 8300 --ttft-prompts 65536,131072 \
+            --repeat 1 --ttft-evict cpu --cpu-bytes 9GiB --ssd-cpu-bytes 9GiB --ssd-bytes 36GiB \
+            --json "$OUT/ttft/h200-regime-8b-128k.json" || status=1 ;;
+      esac
+    done
+    exit "$status" ;;
   remote)  # 2100 blocks = 33,600 tokens: a 30k prompt fits; 12 GiB of CPU tier holds one
     # (4.4 GB); the store holds all six prompts (26 GB of KV)
     STAGE="${REDIS_STAGE:-/tmp/redisstage}"

@@ -24,9 +24,9 @@ ROOT = Path(__file__).parents[2]
 PARTS = ("ttft", "decode", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
 
 
-def h200_dry_run(part: str, out: Path, extra: str = "") -> dict[str, Any]:
+def h200_dry_run(part: str, out: Path, extra: str = "", run: str = "") -> dict[str, Any]:
     """``bench/run_h200.sh PART`` with ``--dry-run`` (and ``extra`` arguments): the engine
-    settings it would use."""
+    settings it would use (those of its run ``run`` where it has several)."""
     proc = subprocess.run(
         ["bash", str(ROOT / "bench" / "run_h200.sh"), part, str(out)],
         env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": f"--dry-run {extra}"},
@@ -36,7 +36,7 @@ def h200_dry_run(part: str, out: Path, extra: str = "") -> dict[str, Any]:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads((out / f"{part}.txt").read_text())
+    return json.loads((out / f"{run or part}.txt").read_text())
 
 
 @pytest.mark.parametrize("part", PARTS)
@@ -58,6 +58,27 @@ def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
     assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
     assert engine["load_format"] == "dummy" and engine["eager"] is False
     assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456
+
+
+def test_h200_regime_part_keeps_long_prompts_on_disk_only(tmp_path: Path) -> None:
+    """The regime part, one run per model shape: the longest prompt fits vLLM's cache and
+    the model, its remainder computes in one step, and the SSD tier still holds it after
+    the fillers (1.5x the CPU tier) have pushed it out of the CPU tier."""
+    h200_dry_run("regime", tmp_path, run="regime-32b")  # both shapes run
+    for run, longest, kv_per_token in (
+        ("regime-32b", 32768, 262144),
+        ("regime-8b-128k", 131072, 147456),
+    ):
+        plan = json.loads((tmp_path / f"{run}.txt").read_text())
+        llm = plan["llm_args"]
+        assert llm["enforce_eager"] is False and llm["load_format"] == "dummy"
+        assert llm["max_model_len"] >= longest and llm["max_num_batched_tokens"] >= longest // 2
+        assert llm["kv_cache_memory_bytes"] >= (longest + 16) * kv_per_token
+        assert plan["kv_transfer"]["apc"] is None
+        for name in ("miniflex-ssd", "miniflex-ssd+hit_policy=load+load_mode=async"):
+            extra = plan["kv_transfer"][name]["kv_connector_extra_config"]
+            fillers = 3 * extra["cpu_bytes"] // 2
+            assert extra["ssd_bytes"] >= longest * kv_per_token + fillers
 
 
 def test_ssd_cpu_bytes_cpu_gives_cpu_ssd_the_cpu_tiers_bytes(tmp_path: Path) -> None:
