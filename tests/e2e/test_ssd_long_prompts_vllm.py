@@ -30,16 +30,22 @@ KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
 
 
-def test_prompts_four_times_the_cpu_tier_load_from_ssd_whole(
-    tiny_model: Path, ssd_dir: Path
-) -> None:
-    config = {
-        "cpu_bytes": str(4 * CHUNK_TOKENS * KV_BYTES_PER_TOKEN),
+def ssd_config(cpu_chunks: int, ssd_dir: Path, **extra: str) -> dict[str, str]:
+    """A CPU tier of ``cpu_chunks`` over a write-through SSD tier, every hit loaded."""
+    return {
+        "cpu_bytes": str(cpu_chunks * CHUNK_TOKENS * KV_BYTES_PER_TOKEN),
         "ssd_dirs": str(ssd_dir),
         "ssd_bytes": "64MiB",
         "ssd_write": "through",
         "hit_policy": "load",
+        **extra,
     }
+
+
+def test_prompts_four_times_the_cpu_tier_load_from_ssd_whole(
+    tiny_model: Path, ssd_dir: Path
+) -> None:
+    config = ssd_config(4, ssd_dir)
     prompts = [prompt(500 + i, PROMPT_TOKENS) for i in range(3)]
     hit = expected_hit(PROMPT_TOKENS)
     assert hit >= 15 * CHUNK_TOKENS
@@ -74,14 +80,7 @@ def test_ssd_chunks_load_inside_the_step_that_computes_the_rest(
     """``load_mode=layerwise``: after a restart (CPU tier empty) a prompt written through
     to SSD is read into CPU slots while the step that computes its tail runs; the output
     equals the recompute's."""
-    config = {
-        "cpu_bytes": str(24 * CHUNK_TOKENS * KV_BYTES_PER_TOKEN),
-        "ssd_dirs": str(ssd_dir),
-        "ssd_bytes": "64MiB",
-        "ssd_write": "through",
-        "hit_policy": "load",
-        "load_mode": "layerwise",
-    }
+    config = ssd_config(24, ssd_dir, load_mode="layerwise")
     p = prompt(600, PROMPT_TOKENS)
     hit = expected_hit(PROMPT_TOKENS)
     with pytest.MonkeyPatch.context() as mp:

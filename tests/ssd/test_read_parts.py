@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +42,21 @@ def read_in_parts(store: SSDStore, placed: dict[int, int], seen: list) -> dict[i
     return {k: bufs[k] for k in placed if bufs_ok[k]}
 
 
+@contextlib.contextmanager
+def written_store(
+    root: Path, backend: IOBackend, n: int
+) -> Iterator[tuple[SSDStore, dict[int, int]]]:
+    """A store with ``n`` chunks written at random slots: (store, key -> slot)."""
+    with open_store(root, backend) as store:
+        placed = random_placement(n, seed=n)
+        assert all(write(store, placed))
+        yield store, placed
+
+
 def test_a_read_in_parts_lands_each_part_before_it_is_announced(
     direct_dir: Path, backend: IOBackend
 ) -> None:
-    with open_store(direct_dir, backend) as store:
-        placed = random_placement(6, seed=11)
-        assert all(write(store, placed))
+    with written_store(direct_dir, backend, 6) as (store, placed):
         seen: list = []
         got = read_in_parts(store, placed, seen)
         assert seen == [(p, True) for p in range(SLOT // PART)]
@@ -55,9 +66,7 @@ def test_a_read_in_parts_lands_each_part_before_it_is_announced(
 def test_a_corrupt_part_fails_its_chunk_after_the_last_part(
     direct_dir: Path, backend: IOBackend
 ) -> None:
-    with open_store(direct_dir, backend) as store:
-        placed = random_placement(3, seed=12)
-        assert all(write(store, placed))
+    with written_store(direct_dir, backend, 3) as (store, placed):
         bad_key, bad_slot = list(placed.items())[2]
         path, offset = store.location(SlotId(bad_slot))
         fd = os.open(path, os.O_RDWR)
