@@ -4,18 +4,15 @@ It runs in each vLLM worker process and owns the bytes: the CPU pool, a
 pair of movers bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD
 store. Four threads, each running its jobs in plan order:
 
-* loads run on the load thread with one mover (its own CUDA stream and
-  staging buffers), stores on the store thread with the other, so a load is
-  never queued behind a store waiting for the forward that computes its
-  blocks, and the two directions of the PCIe link are used at once. They
-  never touch the same bytes: a load reads committed chunks into blocks that
-  no forward has computed yet (a preempted request's stores are waited for
-  before its blocks can be handed out again, see below), and a store writes
-  a free slot that no load reads;
+* loads run on the load thread with one mover (its own CUDA stream and staging
+  buffers), stores on the store thread with the other, so a load never waits behind a
+  store waiting for its forward, and both directions of the PCIe link are used at once.
+  They never touch the same bytes: a load reads committed chunks into blocks no forward
+  has computed yet (a preempted request's blocks are handed out again only once its
+  stores are done, see below), and a store writes a free slot that no load reads;
 * writes to SSD (demotions, clearing the store) run on a third thread, and a
   load's promotions (SSD reads) on a fourth, so a slow disk never holds up
-  GPU copies:
-
+  GPU copies;
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
   queued, before the jobs of the same plan; a store or promotion into that
   slot is queued (for the transfer or the read thread) only once it is written
@@ -38,10 +35,11 @@ store. Four threads, each running its jobs in plan order:
   ``start_load_kv`` and finished once the forward is issued (``step_loads.py``);
   their SSD chunks are read layer by layer meanwhile (``step_reads.py``);
 * stores are queued at ``wait_for_save``, after the forward that computed their
-  blocks, a plan's as one copy (``store_batch.py``); a finished request keeps
-  its blocks until its stores are done (``TransferPlan.release``);
-* a preempted request's stores are waited for before the next forward, which
-  may reuse its blocks.
+  blocks, a plan's as one copy (``store_batch.py``), but never those of a request
+  whose in-step load failed in that step (computed over bytes that never
+  arrived: reported failed, nothing stored or put); a finished request keeps its
+  blocks until its stores are done (``TransferPlan.release``);
+* a preempted request's stores are waited for before the next forward.
 
 Any exception in a job is caught here, logged, and reported as a failed job
 (a failed load becomes load errors, so vLLM recomputes those blocks).
@@ -61,6 +59,7 @@ import torch
 
 from miniflex.clocks import ThreadClock
 from miniflex.config import MiniFlexConfig
+from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.layout import KVLayout
@@ -85,6 +84,8 @@ __all__ = ["MiniFlexHandler"]
 
 logger = logging.getLogger(__name__)
 
+
+_OVER_FAILED = "computed over an in-step load that failed; dropped"
 
 _GROUPS = {
     JobKind.LOAD: (JobKind.CLEAR, JobKind.DEMOTE, JobKind.LOAD),  # queued before the forward
@@ -146,20 +147,18 @@ class MiniFlexHandler:
         self._writes = setup.writes
         self._streamer = Streamer(io.ssd, StagingRing(num_slots, io.staging), self._queue.put)
         if io.ssd is not None and io.staging and setup.writes:  # a pool of this rank's own
-            g = io.layout.geometry
-            self._step_reads = StepReads(io.ssd, self._guard, io.pool.slot_bytes, g)
+            self._step_reads = StepReads(
+                io.ssd, self._guard, io.pool.slot_bytes, io.layout.geometry
+            )
         self._bind_step_loads(kv_caches)
         on_cuda = any(t.is_cuda for t in kv_caches.values())
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._probe = probe_rank(self._mover, self.layout, num_slots, self._ssd, self._remote)
-        for name, q in (
-            ("miniflex-load", self._queue),
-            ("miniflex-store", self._store_queue),
-            ("miniflex-ssd", self._ssd_queue),
-            ("miniflex-ssd-read", self._read_queue),
-        ):
-            thread = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
+        queues = (self._queue, self._store_queue, self._ssd_queue, self._read_queue)
+        for name, q in zip(("load", "store", "ssd", "ssd-read"), queues, strict=True):
+            thread = threading.Thread(target=self._run, args=(q,), name=f"miniflex-{name}")
+            thread.daemon = True
             thread.start()
             self._threads.append(thread)
         logger.info(
@@ -229,6 +228,8 @@ class MiniFlexHandler:
             elif job.reads or job.streams:  # read into slots once written back, then copy
                 reads = {c.cpu for c in job.reads}
                 self._guard.after(reads, lambda i=item: self._read_queue.put(i))
+            elif job.kind is JobKind.STORE and job.req_id in self._step_loads.failed:
+                fut.set_result(failed_result(job, TransferError(_OVER_FAILED), time.perf_counter()))
             elif job.kind is JobKind.STORE:
                 self._guard.after({c.slot for c in job.chunks}, lambda i=item: stores.add(i))
                 if item.copied is not None:  # after: the store must not wait for its own copies

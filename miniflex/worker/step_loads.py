@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from miniflex.errors import TransferError
 from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
 from miniflex.plan import JobResult, LoadTiming, TransferJob
+from miniflex.types import ReqId
 from miniflex.worker.step_reads import DiskRead, StepReads
 
 __all__ = ["StepLoads"]
@@ -60,6 +61,9 @@ class StepLoads:
         ``reads``: this worker's in-step SSD reads (None: a load that promotes fails)."""
         self._layers = dict(layer_names)
         self._reads = reads
+        self.failed: set[ReqId] = set()
+        """Requests whose in-step load of the last finished step failed in part or whole:
+        what that step computed for them read bytes that never arrived."""
         self._issued: list[_Issued] = []
         self._waited_all = False
         self._warned = False
@@ -68,8 +72,10 @@ class StepLoads:
         return bool(self._issued)
 
     def issue(self, jobs: list[TransferJob], mover: KVMover, before_forward: bool) -> None:
-        """Queue ``jobs`` (SYNC/LAYERWISE loads). ``before_forward=False``: the forward
-        has already run, so the loads are reported failed without touching the blocks."""
+        """Queue ``jobs`` (SYNC/LAYERWISE loads), once per step. ``before_forward=False``:
+        the forward has already run, so the loads are reported failed without touching the
+        blocks."""
+        self.failed = set()
         if not jobs:
             return
         fence = mover.fence() if before_forward else None
@@ -136,6 +142,7 @@ class StepLoads:
     def finish(self) -> list[JobResult]:
         """Wait for every load of the step; their results (failed blocks included)."""
         out = [self._finish(it) for it in self._issued]
+        self.failed = {r.req_id for r in out if not r.ok or r.failed_block_ids}
         self._issued, self._waited_all = [], False
         return out
 

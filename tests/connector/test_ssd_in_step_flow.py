@@ -153,3 +153,34 @@ def test_an_in_step_load_that_evicts_unwritten_chunks_keeps_them_right(
         loaded.append(h.serve(f"again{i}", tokens(10 + i)))
     assert sum(loaded) >= CHUNKS * CHUNK, loaded
     h.worker.shutdown()
+
+
+def test_what_a_step_computed_over_a_failed_in_step_load_is_not_stored(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """Three chunks load from SSD inside the step that computes the next two; the second
+    one is corrupt. Those two were computed over bytes that never arrived: their store is
+    dropped (one failed job), and vLLM recomputes from the corrupt chunk, storing again."""
+    h = harness(tmp_path, ssd)
+    h.cached_in_miniflex_only("a", prompt_tokens(5, 3 * CHUNK + 10))
+    h.run()
+    h.worker.shutdown()
+    path = os.path.join(rank_dirs([str(ssd)], 0)[0], DATA_FILE)
+    with open(path, "r+b") as f:  # one byte of the second chunk
+        f.seek(SLOT + 100)
+        byte = f.read(1)
+        f.seek(SLOT + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    h2 = harness(tmp_path, ssd)
+    b = h2.add("b", prompt_tokens(5, 5 * CHUNK + 10), max_tokens=2)
+    so = h2.step()
+    assert so.num_scheduled_tokens == {"b": 2 * CHUNK}  # chunks 3 and 4, beside the load
+    assert b.num_computed_tokens == CHUNK  # rewound to the corrupt chunk
+    h2.run()
+    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    t = summed_totals(h2.kv_stats)
+    assert t["failed_jobs"] == 1 and t["ssd_read_failures"] == 1
+    assert h2.manager_side.manager.cpu.usage().pinned_or_moving == 0
+    assert h2.sched.reset_prefix_cache()
+    assert h2.serve("c", prompt_tokens(5, 5 * CHUNK + 10)) == 5 * CHUNK  # all stored anew
+    h2.worker.shutdown()
