@@ -203,6 +203,10 @@ class HitAdvisor:
     ) -> None:
         """A worker's load result; ``promoted``, ``fetched``: chunks it read from SSD and from
         the remote store without failing."""
+        if timing is not LoadTiming.ASYNC and promoted:  # its copies waited for the disk
+            if r.ssd_seconds > 0:
+                self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
+            return
         if timing is not LoadTiming.ASYNC:  # in-step: timed from issue, with compute
             self.cost.observe_layerwise(r.num_bytes, r.seconds)
             return

@@ -298,3 +298,17 @@ def test_a_tier_slower_than_recomputing_the_last_chunk_is_not_asked() -> None:
     assert m.loses_to_recompute(Tier.REMOTE, 8192)  # 53 ms to recompute the last chunk
     assert not cost.worth_asking(Tier.REMOTE, 8192) and load.worth_asking(Tier.REMOTE, 8192)
     assert cost.worth_asking(Tier.REMOTE, 16384)  # its last chunk: 105 ms
+
+
+def test_an_in_step_ssd_load_calibrates_the_disk_not_the_layerwise_copies() -> None:
+    from miniflex.plan import JobKind, JobResult, LoadTiming
+    from miniflex.scheduler.advisor import HitAdvisor
+
+    m = layered(cpu_gbps=50, per_token=1e-4)
+    m.observe_layerwise(1 << 30, (1 << 30) / 40e9)
+    advisor = HitAdvisor(MiniFlexConfig(), m)
+    # 4 chunks read in 0.5 s inside a step that took 0.6 s from issue to the last copy
+    r = JobResult(1, "r", JobKind.LOAD, True, 4 * CHUNK_BYTES, 0.6, ssd_seconds=0.5)
+    advisor.observe_load(LoadTiming.LAYERWISE, 4, r)
+    assert m.layerwise_bandwidth == pytest.approx(40e9)  # not the disk's pace
+    assert m.bandwidth[SSD] == pytest.approx(4 * CHUNK_BYTES / 0.5)  # the first read seen
