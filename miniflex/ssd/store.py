@@ -43,6 +43,7 @@ from miniflex.ssd.backends import make_backend
 from miniflex.ssd.base import BackendError, IOBackend, IOOp
 from miniflex.ssd.files import open_direct, slot_parts
 from miniflex.ssd.journal import SlotJournal, read_journal
+from miniflex.ssd.part_crcs import PartChecksums
 from miniflex.types import ChunkKey, SlotId
 
 __all__ = [
@@ -240,14 +241,17 @@ class SSDStore:
                 if entry is not None and entry[0] == slot:
                     sums[i] = entry[1]
             ran = [True] * len(sums)
-            for p, (lo, hi) in enumerate(slot_parts(self.slot_bytes, part_bytes)):
+            parts = slot_parts(self.slot_bytes, part_bytes)
+            crcs = PartChecksums([items[i][2] for i in sums], threaded=len(parts) > 1)
+            for p, (lo, hi) in enumerate(parts):
                 got = self._run([self._op(items[i][1], items[i][2], False, lo, hi) for i in sums])
                 ran = [a and b for a, b in zip(ran, got, strict=True)]
+                crcs.add(lo, hi)  # beside the next part's reads
                 if on_part is not None:
                     on_part(p)
             ok = [False] * len(items)
-            for (i, crc), good in zip(sums.items(), ran, strict=True):
-                ok[i] = good and zlib.crc32(items[i][2]) == crc
+            for (i, crc), good, got_crc in zip(sums.items(), ran, crcs.result(), strict=True):
+                ok[i] = good and got_crc == crc
                 if good and not ok[i]:
                     log.error("SSD store: chunk %032x in slot %d fails its checksum", *items[i][:2])
             self._drop([items[i][0] for i in sums if not ok[i]])
