@@ -125,14 +125,20 @@ def measure(
     return {"write_GBps": w, "read_GBps": r, "verified": ok}
 
 
-def main() -> None:
+def disk_parser(doc: str, repeat: int) -> argparse.ArgumentParser:
+    """The arguments every disk bench takes: ``--dir``, ``--repeat``, ``--json``."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--dir", default="/var/tmp", help="a directory on the SSD to test")
-    ap.add_argument("--mib", type=int, default=1024, help="file size per pass (MiB)")
-    ap.add_argument("--repeat", type=int, default=2, help="passes per figure; the best counts")
+    ap.add_argument("--repeat", type=int, default=repeat, help="passes per figure; the best counts")
     ap.add_argument("--json")
+    return ap
+
+
+def main() -> None:
+    ap = disk_parser(__doc__, repeat=2)
+    ap.add_argument("--mib", type=int, default=1024, help="file size per pass (MiB)")
     args = ap.parse_args()
     total = args.mib * MIB
     assert total % (64 * MIB) == 0, "--mib must be a multiple of 64"

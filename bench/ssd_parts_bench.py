@@ -18,24 +18,19 @@ Prints a table and one JSON line (``--json`` writes it too); progress goes to st
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
+from bench.ssd_bench import disk_parser, progress
 from miniflex.bench.report import emit
 from miniflex.pool import HostPool
 from miniflex.ssd import IOOp, SSDStore, make_backend
 from miniflex.types import ChunkKey, SlotId
 
 MIB = 1 << 20
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def timed_read(store: SSDStore, items: list, part_bytes: int) -> tuple[float, float]:
@@ -66,15 +61,10 @@ def raw_read(store: SSDStore, dst: HostPool, n: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--dir", default="/var/tmp", help="a directory on the SSD to test")
+    ap = disk_parser(__doc__, repeat=3)
     ap.add_argument("--chunk-mib", type=float, default=9.0, help="one chunk's slot (MiB)")
     ap.add_argument("--layers", type=int, default=36, help="parts a slot is read in")
     ap.add_argument("--chunks", type=int, default=256, help="chunks read at once")
-    ap.add_argument("--repeat", type=int, default=3, help="passes per figure; the best counts")
-    ap.add_argument("--json")
     args = ap.parse_args()
     slot = int(args.chunk_mib * MIB)
     part = slot // args.layers

@@ -225,7 +225,8 @@ class CostModel:
         module docstring); otherwise every load is predicted load-then-compute.
         ``others``: requests running beside this one, which a layerwise load would hold up.
         ``instep``: a layerwise load may also read SSD chunks, up to this many leading
-        chunks (0: only the leading CPU run), and weighs every such prefix.
+        chunks (0: only the leading CPU run; none of them remote), and weighs every such
+        prefix.
         """
         n = len(tiers)
         fast = next((i for i, t in enumerate(tiers) if t is not Tier.CPU), n)
@@ -261,11 +262,10 @@ class CostModel:
 
     def _instep_lengths(self, tiers: Sequence[Tier], fast: int, instep: int) -> list[int]:
         """The lengths of in-step load to weigh: the leading CPU run, or with ``instep``
-        every prefix of up to that many chunks (none of them remote)."""
+        every prefix of up to that many chunks."""
         if not instep:
             return [fast] if fast else []
-        local = next((i for i, t in enumerate(tiers) if t is Tier.REMOTE), len(tiers))
-        return list(range(max(fast, 1), min(instep, local) + 1))
+        return list(range(max(fast, 1), min(instep, len(tiers)) + 1))
 
     def _instep_seconds(
         self, tiers: Sequence[Tier], prompt_tokens: int, gpu_hit: int, fit: PrefillFit

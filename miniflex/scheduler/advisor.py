@@ -90,9 +90,7 @@ class HitAdvisor:
             if mode == "auto":
                 choice = self.cost.choose(tiers[:n], num_tokens, num_computed, True, others, instep)
                 layerwise = choice.layerwise and choice.load_chunks == n
-        local = all(t is Tier.CPU for t in tiers[:n]) or (
-            n <= instep and Tier.REMOTE not in tiers[:n]
-        )
+        local = n <= instep or all(t is Tier.CPU for t in tiers[:n])  # instep: none remote
         if n == 0 or not local:
             timing = LoadTiming.ASYNC  # remote fetches, and reads past the CPU slots free
         elif mode == "auto":

@@ -19,7 +19,7 @@ from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover
 from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.ssd.copier import SSDCopier
-from miniflex.types import BlockId, ChunkKey
+from miniflex.types import BlockId, ChunkKey, SlotId
 
 __all__ = ["Promoted", "QueuedJob", "execute", "failed_result"]
 
@@ -56,6 +56,12 @@ def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> 
     )
 
 
+def unread(job: TransferJob, failed_keys: set[ChunkKey]) -> tuple[set[SlotId], list[BlockId]]:
+    """The CPU slots of ``job``'s reads whose key failed, and the blocks loaded from them."""
+    bad = {c.cpu for c in job.reads if c.key in failed_keys}
+    return bad, [b for c in job.chunks if c.slot in bad for b in c.block_ids]
+
+
 def execute(
     job: TransferJob,
     fence: object,
@@ -78,9 +84,9 @@ def execute(
             if promoted is not None:
                 failed_keys, ssd_seconds, remote_seconds = promoted
                 t0 -= ssd_seconds + remote_seconds  # the reads, not the waits around them
-                bad = {c.cpu for c in job.reads if c.key in failed_keys}
+                bad, lost = unread(job, failed_keys)
                 chunks = tuple(c for c in chunks if c.slot not in bad)
-                failed_blocks += [b for c in job.chunks if c.slot in bad for b in c.block_ids]
+                failed_blocks += lost
             moved = mover.load(chunks, after=fence) if chunks else 0
         elif job.kind is JobKind.DEMOTE and writes and job.demotions:
             failed_keys = _copier(ssd).demote(job.demotions)

@@ -33,6 +33,7 @@ from miniflex.errors import TransferError
 from miniflex.gpu.base import DoneLoad, KVMover, LayerwiseLoad
 from miniflex.plan import JobResult, LoadTiming, TransferJob
 from miniflex.types import ReqId
+from miniflex.worker.job_runner import unread
 from miniflex.worker.step_reads import DiskRead, StepReads
 
 __all__ = ["StepLoads"]
@@ -175,8 +176,7 @@ class StepLoads:
             return JobResult(
                 job.job_id, job.req_id, job.kind, False, 0, seconds, failed, tuple(bad)
             )
-        bad_slots = {c.cpu for c in job.promotions if c.key in bad}
-        lost = [b for m in job.chunks if m.slot in bad_slots for b in m.block_ids]
+        _, lost = unread(job, bad)
         io = self._reads.io if self._reads is not None and job.promotions else ""
         return JobResult(
             job.job_id,
