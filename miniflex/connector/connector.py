@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.clocks import HOOKS, timed_hook
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
+from miniflex.connector.kv_events import TierEvents
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import check_stateless, geometry_for
@@ -103,6 +104,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._handler: MiniFlexHandler | None = None
         self._requests: dict[ReqId, Any] = {}
         self._live: LiveState | None = None  # scheduler: status file and /metrics levels
+        self._events: TierEvents  # scheduler: tier-tagged KV events (kv_events.py)
         self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
         self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
         self.backfill = Backfill(self.config.backfill_s)  # scheduler: who waits for room
@@ -119,6 +121,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         )
         self._live = LiveState(self.config.status_file)
         self._live.start(self._manager.status())
+        self._events = TierEvents.for_engine(vllm_config, self._manager, self.ns)
 
     def _start_worker_side(self) -> None:
         rank = compat.tp_rank()
@@ -260,6 +263,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.manager.on_alloc(
             request.request_id, compat.request_block_ids(blocks), num_external_tokens
         )
+        self._events.note(request)
 
     @timed_hook
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
@@ -276,6 +280,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         plan = self.manager.build_plan(
             scheduled, compat.preempted_ids(scheduler_output), self._block_hashes
         )
+        self._events.scheduled(scheduled, self._requests)
         self.backfill.end_step()
         self._report_scheduler_hooks()
         return MiniFlexMetadata(plan)
@@ -303,23 +308,19 @@ class MiniFlexConnector(KVConnectorBase_V1):
     @timed_hook
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id
-        st = self.manager.settle_hits(req_id)
-        params = {
-            "miniflex": {
-                "hit_tokens": st.hit_tokens,
-                "stored_tokens": st.stored_tokens,
-                **{f"hit_tokens_{tier}": n for tier, n in st.hit_by_tier.items()},
-                **{f"resident_tokens_{tier}": n for tier, n in st.hit.resident_by_tier.items()},
-                **({"load": st.loaded_as.value} if st.loaded_as is not None else {}),
-            }
-        }
+        params = self.manager.settle_hits(req_id).finished_params()
         delay = self.manager.on_finished(req_id)
         self.backfill.forget(req_id)
+        self._events.forget(req_id)
         if not delay:
             self.backfill.room()
         self._requests.pop(req_id, None)
         self._observe()  # an abort may end the last request between engine steps
         return delay, params
+
+    def take_events(self) -> list[Any]:
+        """vLLM's KV events for the chunks MiniFlex's tiers gained and lost (``kv_events.py``)."""
+        return self._events.take()
 
     def reset_cache(self) -> bool:
         """``reset_prefix_cache(reset_connector=True)``: forget every chunk in every tier.

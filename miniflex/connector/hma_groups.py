@@ -235,6 +235,11 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
     def reset_cache(self) -> bool:
         return all([p.reset_cache() for p in self.parts])
 
+    def take_events(self) -> list[Any]:
+        """The full-attention group's tier events (``kv_events.py``); a window group's are
+        taken and dropped: it holds windows, not prefixes a router could match."""
+        return [p.take_events() for p in self.parts][self.main]
+
     def has_pending_block_frees(self) -> bool:
         return any(p.has_pending_block_frees() for p in self.parts)
 

@@ -84,6 +84,19 @@ class ReqState:
         :class:`~miniflex.scheduler.store_planner.StorePlanner`)."""
         return self.store_waits_since is not None and self.store_due > self.stored_chunks
 
+    def finished_params(self) -> dict[str, dict[str, object]]:
+        """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
+        in tokens, by tier, and what each tier held of it at its last lookup."""
+        return {
+            "miniflex": {
+                "hit_tokens": self.hit_tokens,
+                "stored_tokens": self.stored_tokens,
+                **{f"hit_tokens_{tier}": n for tier, n in self.hit_by_tier.items()},
+                **{f"resident_tokens_{t}": n for t, n in self.hit.resident_by_tier.items()},
+                **({"load": self.loaded_as.value} if self.loaded_as is not None else {}),
+            }
+        }
+
     @property
     def busy(self) -> bool:
         """True while MiniFlex still moves bytes of this request's blocks, or will."""

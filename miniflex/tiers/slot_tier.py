@@ -73,6 +73,9 @@ class SlotTier:
         self._generation = 0  # bumped by clear(): stores started before it never publish
         self._doomed: set[SlotId] = set()  # dropped while pinned; freed at last unpin
         self.evictions = 0
+        self.watch: Callable[[bool, ChunkKey], None] | None = None
+        """Told of every chunk that becomes visible (True) or stops being visible (False)
+        in this tier, as it happens (:mod:`miniflex.scheduler.chunk_events`); None: nobody."""
 
     # ---- lookups (side-effect free) ----
     def match(self, keys: Sequence[ChunkKey] | np.ndarray) -> int:
@@ -153,7 +156,7 @@ class SlotTier:
             started = self._storing.pop(key, None)
             assert started is not None and started[0] == slot, f"store of {key:x} not prepared"
             if ok and started[1] == self._generation:
-                self._index.insert(key, self.tier, slot)
+                self._publish(key, slot)
             else:
                 self._doomed.add(slot)
             self._unpin(slot)
@@ -183,7 +186,7 @@ class SlotTier:
             if 0 <= slot < self.num_slots and slot not in taken:
                 taken.add(slot)
                 self._slot_key[slot] = key
-                self._index.insert(key, self.tier, slot)
+                self._publish(key, slot)
                 self._policy.touch(slot)
         self._free = [s for s in self._free if s not in taken]
         return len(taken)
@@ -273,14 +276,24 @@ class SlotTier:
             self._policy.pin(victim)
             self._policy.touch(victim)
             return True
-        self._index.delete(key)
+        self._delete(key)
         self._slot_key[victim] = None
         return False
+
+    def _publish(self, key: ChunkKey, slot: SlotId) -> None:
+        self._index.insert(key, self.tier, slot)
+        if self.watch is not None:
+            self.watch(True, key)
+
+    def _delete(self, key: ChunkKey) -> None:
+        self._index.delete(key)
+        if self.watch is not None:
+            self.watch(False, key)
 
     def _unpublish(self, slot: SlotId) -> None:
         key = self._slot_key[slot]
         if key is not None and self.slot_of(key) == slot:  # not a newer copy elsewhere
-            self._index.delete(key)
+            self._delete(key)
         self._doomed.add(slot)
 
     def _unpin(self, slot: SlotId) -> None:

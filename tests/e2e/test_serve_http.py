@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,74 +10,18 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.engine import KV_BYTES_PER_TOKEN, expected_hit, prompt
+from tests.e2e.engine import expected_hit, prompt
+from tests.e2e.serve_proc import serving
 
 pytestmark = pytest.mark.e2e
 PROMPT_TOKENS = 1000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "MODEL": str(tiny_model),
-        "PORT": str(port),
-        "MINIFLEX_CPU_BYTES": "256MiB",
-    }
-    log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
-    cmd = [
-        sys.executable,
-        "-m",
-        "miniflex.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--skip-tokenizer-init",
-        "--dtype",
-        "bfloat16",
-        "--block-size",
-        "32",
-        "--max-model-len",
-        "2048",
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(3 * 1024 * KV_BYTES_PER_TOKEN),
-    ]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, log.name)
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with serving(tiny_model, log, {"MINIFLEX_CPU_BYTES": "256MiB"}) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log_name: str, timeout_s: float = 300) -> None:
-    """Until the server at ``url`` answers /health (it must not exit first)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert proc.poll() is None, f"server exited with {proc.returncode}; see {log_name}"
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert time.monotonic() < deadline, f"server not healthy in {timeout_s} s; see {log_name}"
-        time.sleep(1)
 
 
 def complete(url: str, tokens: list[int]) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.engine import KV_BYTES_PER_TOKEN
-from tests.e2e.test_serve_http import free_port, wait_healthy
+from tests.e2e.serve_proc import free_port, serve_command, wait_healthy
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 24
@@ -28,13 +26,7 @@ def test_sigterm_answers_every_client_and_exits(tiny_model: Path, tmp_path: Path
     until SIGKILL."""
     port = free_port()
     env = {**os.environ, "MODEL": str(tiny_model), "PORT": str(port), "MINIFLEX_CPU_BYTES": "64MiB"}
-    cmd = [
-        *(sys.executable, "-m", "miniflex.cli", "serve", "--host", "127.0.0.1"),
-        *("--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size", "32"),
-        *("--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "8"),
-        *("--kv-cache-memory-bytes", str(3 * 1024 * KV_BYTES_PER_TOKEN)),
-        *("--shutdown-timeout", str(DRAIN_S)),
-    ]
+    cmd = serve_command("--max-num-seqs", "8", "--shutdown-timeout", str(DRAIN_S))
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
