@@ -84,6 +84,7 @@ class MiniFlexConfig:
     ssd_read_gbps: float | None = field(default=_SPECS["ssd_read_gbps"].default)
     prefill_tokens_per_s: float | None = field(default=_SPECS["prefill_tokens_per_s"].default)
     status_file: str | None = field(default=_SPECS["status_file"].default)
+    trace_file: str | None = field(default=_SPECS["trace_file"].default)
     remote_url: str | None = field(default=_SPECS["remote_url"].default)
     remote_user: str | None = field(default=_SPECS["remote_user"].default)
     remote_password: str | None = field(default=_SPECS["remote_password"].default, repr=False)

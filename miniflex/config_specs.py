@@ -265,6 +265,15 @@ SPECS: dict[str, Spec] = {
         "`miniflex inspect FILE` prints it, its age and whether the engine runs. Empty: off.",
         "",
     ),
+    "trace_file": Spec(
+        lambda k, v: parse_path(k, v),
+        None,
+        "Append one JSON line per finished request to this file: which tier served each of "
+        "its prompt's chunks (or that vLLM computed it, or that its read failed), its tokens "
+        "per tier, how it was loaded, and the cost model's prediction beside the TTFT it "
+        "measured (docs/operations.md). Empty: off.",
+        "",
+    ),
     "ssd_io": Spec(
         lambda k, v: parse_choice(k, v, _SSD_IO),
         "auto",

@@ -238,6 +238,7 @@ class HitAdvisor:
                 stats.ttft_samples += 1
                 stats.ttft_predicted_s += decision.predicted_s
                 stats.ttft_actual_s += actual
+                st.ttft_measured_s = actual
                 logger.debug(
                     "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
                     req_id,

@@ -102,6 +102,7 @@ class LoadRecord(JobRecord):
 
     sources: list[ChunkSource] = field(default_factory=list)
     block_tiers: list[Tier] = field(default_factory=list)
+    first_block: int = 0  # the request's block the load starts at
     counted: bool = False
     """The hits were credited to the request already (:meth:`settle`)."""
 
@@ -151,7 +152,9 @@ class LoadRecord(JobRecord):
             remote=fetches,
             streams=tuple(streams),
         )
-        return cls(job, num_workers, sources=list(load.sources), block_tiers=block_tiers)
+        return cls(
+            job, num_workers, sources=list(load.sources), block_tiers=block_tiers, first_block=b0
+        )
 
     def observe(self, r: JobResult, ctx: CommitContext) -> None:
         bad = set(r.failed_keys)
@@ -166,15 +169,28 @@ class LoadRecord(JobRecord):
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
             if not self.counted:
                 credit(st, served)
+                self._trace(st, self._good_blocks() if self.ok else 0, ctx.ns.blocks_per_chunk)
         if not self.ok:
             ctx.stats.failed_jobs += 1
 
-    def settle(self, st: ReqState, block_size: int) -> None:
+    def settle(self, st: ReqState, ns: Namespace) -> None:
         """Credit the hits of a load inside the step that finishes the request, before its
         result arrives (it succeeded: vLLM does not finish a request whose load failed)."""
         if not self.counted:
             self.counted = True
-            credit(st, served_by_tier(self.block_tiers, block_size))
+            credit(st, served_by_tier(self.block_tiers, ns.block_size))
+            self._trace(st, len(self.block_tiers), ns.blocks_per_chunk)
+
+    def _trace(self, st: ReqState, good: int, blocks_per_chunk: int) -> None:
+        """Note for the request's trace the blocks this load served (the first ``good``) and
+        the chunks whose read failed (every chunk, if the job failed as a whole)."""
+        st.loaded_spans.append((self.first_block, tuple(self.block_tiers[:good])))
+        first = self.first_block // blocks_per_chunk
+        st.failed_chunks.update(
+            first + i
+            for i, s in enumerate(self.sources)
+            if not self.ok or s.key in self.failed_keys
+        )
 
     def _publish(self, ctx: CommitContext) -> dict[str, int]:
         """Unpin and publish the chunks; returns the tokens vLLM won't recompute, per tier."""
@@ -182,13 +198,16 @@ class LoadRecord(JobRecord):
         self._count_reads(ctx)
         if not self.ok:
             return {}
-        # vLLM recomputes from the first block that failed (or was unavailable) on.
-        bad = self.failed_blocks | set(self.job.unavailable)
-        job_blocks = self.job.block_ids
-        good = next((i for i, b in enumerate(job_blocks) if b in bad), len(job_blocks))
-        served = served_by_tier(self.block_tiers[:good], ctx.ns.block_size)
+        served = served_by_tier(self.block_tiers[: self._good_blocks()], ctx.ns.block_size)
         ctx.stats.hit_tokens.update(served)
         return served
+
+    def _good_blocks(self) -> int:
+        """The job's blocks before the first that failed (or was unavailable): vLLM
+        recomputes from there on."""
+        bad = self.failed_blocks | set(self.job.unavailable)
+        job_blocks = self.job.block_ids
+        return next((i for i, b in enumerate(job_blocks) if b in bad), len(job_blocks))
 
     def _count_reads(self, ctx: CommitContext) -> None:
         """Count the chunks read from SSD and fetched from the remote store, and the failures."""

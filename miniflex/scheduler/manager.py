@@ -41,6 +41,7 @@ from miniflex.scheduler.remote_puts import RemotePuts
 from miniflex.scheduler.requests import PendingLoad, ReqState, ScheduledReq
 from miniflex.scheduler.store_planner import StorePlanner
 from miniflex.scheduler.tier_setup import build_tiers
+from miniflex.scheduler.trace import RequestTrace
 from miniflex.stats import TransferStats
 from miniflex.tiers import SlotTier
 from miniflex.tiers.remote_fetch import acquire_for_load
@@ -73,8 +74,7 @@ class MiniFlexManager:
         ``graphs``: when the engine replays full CUDA graphs (in-step loads avoid them);
         ``max_model_len``: the longest prompt (its last chunk costs most to recompute);
         ``remote``: the remote tier's lookup (None: no ``remote_url``); ``stream_slots``: the
-        workers' staging slots for SSD reads past the CPU tier
-        (:func:`miniflex.pool.stream_slots`)."""
+        workers' staging slots for SSD reads past the CPU tier (``pool.stream_slots``)."""
         self.config = config
         self.ns = ns
         self.graphs = graphs
@@ -110,6 +110,7 @@ class MiniFlexManager:
         self._release: list[ReqId] = []
         self._release_next: list[ReqId] = []  # their last stores go out in this plan
         self._clear_ssd = False
+        self.trace = RequestTrace(config.trace_file, ns)  # one line per finished request
         self.stats = TransferStats()  # since the last get_kv_connector_stats
         self.totals = TransferStats()  # before that
 
@@ -162,6 +163,7 @@ class MiniFlexManager:
         st = self.state_for(req_id)
         st.block_ids = list(block_ids)
         self.advisor.record(st, self.stats)
+        self.trace.allocated(st)
         self.tiers.touch(st.key_array)  # the whole prompt, vLLM's own hit included
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
@@ -209,8 +211,7 @@ class MiniFlexManager:
         if self._clear_ssd:  # before everything: demotions of this plan follow the reset
             self._clear_ssd = False
             jobs.insert(0, self.jobs.add(ClearRecord.plan(self.jobs.next_id(), self.num_workers)))
-        release, self._release = tuple(self._release), self._release_next
-        self._release_next = []
+        release, self._release, self._release_next = tuple(self._release), self._release_next, []
         in_step = any(j.synchronous for j in loads)
         timed = self.advisor.end_step(self._step, timed=not in_step)
         return TransferPlan(
@@ -336,7 +337,7 @@ class MiniFlexManager:
         st = self.state_for(req_id)
         rec = self.jobs.get(st.load_job)
         if isinstance(rec, LoadRecord) and st.load_job_sync:
-            rec.settle(st, self.ns.block_size)
+            rec.settle(st, self.ns)
         return st
 
     def on_finished(self, req_id: ReqId) -> bool:
@@ -345,6 +346,7 @@ class MiniFlexManager:
         if st is None:
             return False
         st.finished = True
+        self.trace.finished(st)
         if st.load is not None:  # aborted before its load was even sent
             self.tiers.cancel(st.load.sources)
             st.load = None

@@ -12,7 +12,7 @@ from miniflex.index import keys_to_array
 from miniflex.plan import JobId, LoadTiming
 from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
-from miniflex.types import BlockId, ChunkKey, ReqId
+from miniflex.types import BlockId, ChunkKey, ReqId, Tier
 
 __all__ = ["PendingLoad", "ReqState", "ScheduledReq"]
 
@@ -72,6 +72,11 @@ class ReqState:
     landing_since: float | None = None
     """When lookups began waiting for a chunk on its way to SSD (None: not waiting)."""
     stored_tokens: int = 0
+    loaded_spans: list[tuple[int, tuple[Tier, ...]]] = field(default_factory=list)
+    """Each load's first block and the tier of each block it served (the request's trace)."""
+    failed_chunks: set[int] = field(default_factory=set)  # chunks whose read failed
+    ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
+    gpu_hit_tokens: int | None = None  # vLLM's own hit when first admitted (the trace)
 
     def prompt_chunks(self, chunk_tokens: int) -> int:
         """How many leading chunks hold prompt tokens only (the rest hold output too)."""

@@ -49,6 +49,16 @@ def serve_again(h: Harness, req_id: str, prompt: list[int]) -> int:
     return h.serve(req_id, prompt, steps=5)
 
 
+def damage_slot(ssd: Path, slot: int) -> None:
+    """Flip one byte of the chunk in ``slot`` of rank 0's store under ``ssd``."""
+    path = os.path.join(rank_dirs([str(ssd)], 0)[0], DATA_FILE)
+    with open(path, "r+b") as f:
+        f.seek(slot * SLOT + 100)
+        byte = f.read(1)
+        f.seek(slot * SLOT + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 @pytest.fixture
 def ssd(direct_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # Restarts must see the same block hashes: vLLM 0.26 seeds them randomly per
@@ -91,13 +101,7 @@ def test_a_corrupt_chunk_on_ssd_is_recomputed_and_dropped(tmp_path: Path, ssd: P
     h.cached_in_miniflex_only("a", tokens(2))
     h.run()
     h.worker.shutdown()
-    # flip one byte of the third chunk on disk (SSD slots are handed out in order)
-    path = os.path.join(rank_dirs([str(ssd)], 0)[0], DATA_FILE)
-    with open(path, "r+b") as f:
-        f.seek(2 * SLOT + 100)
-        byte = f.read(1)
-        f.seek(2 * SLOT + 100)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    damage_slot(ssd, 2)  # the third chunk (SSD slots are handed out in order)
     h2 = harness(tmp_path, ssd)
     loaded = serve_again(h2, "b", tokens(2))
     assert loaded == 2 * CHUNK  # recomputed from the chunk that failed its checksum on
