@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: install everything, lint, run the whole suite, then the
-# scheduler-side flow tests on every other vLLM minor version (0.26-0.33).
+# scheduler-side flow tests on every other vLLM minor version (0.26-0.34).
 #   bash scripts/test.sh                 (everything; what CI runs)
 #   bash scripts/test.sh [pytest args]   (only pytest, with these arguments)
 set -euo pipefail

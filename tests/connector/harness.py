@@ -20,7 +20,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -36,8 +36,10 @@ from tests.connector.engine_config import (
     make_vllm_config,
     mla_attention,
     page_shape,
+    runner_output,
     write_model_config,
 )
+from tests.connector.graph_oracle import graph_oracle
 from tests.connector.movers import POISON, GatedMover
 
 __all__ = ["BLOCK", "HEAD", "HEADS", "LAYERS", "POISON", "Harness", "Rank", "make_harness"]
@@ -67,7 +69,8 @@ class Harness:
     cached_tokens: dict[str, int] = field(default_factory=dict)
     """Request -> the prompt tokens vLLM reports as not computed (its ``num_cached_tokens``)."""
     graphs: Any = None
-    """vLLM's own CudagraphDispatcher when the engine replays CUDA graphs (None: eager)."""
+    """vLLM's own answer to how each step runs when the engine replays CUDA graphs
+    (``graph_oracle.py``; None: eager)."""
     modes: list[str] = field(default_factory=list)
     """The CUDA graph mode each step's forward ran in (``FULL`` skips the per-layer hooks)."""
     load_errors: int = 0
@@ -124,9 +127,7 @@ class Harness:
         outs = [self._worker_step(r, so, mode, wait_transfers) for r in self.ranks]
         out = outs[0]
         if self.aggregator is not None:
-            runner_outs = [ModelRunnerOutput(req_ids=[], req_id_to_index={}) for _ in outs]
-            for ro, o in zip(runner_outs, outs, strict=True):
-                ro.kv_connector_output = o
+            runner_outs = [runner_output([], kv=o) for o in outs]
             out = self.aggregator.aggregate(runner_outs).kv_connector_output
         ids = list(so.num_scheduled_tokens)
         sampled = []
@@ -134,15 +135,7 @@ class Harness:
             req = self.requests[r]
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([7] if done else [])
-        outputs = self.sched.update_from_output(
-            so,
-            ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=sampled,
-                kv_connector_output=out,
-            ),
-        )
+        outputs = self.sched.update_from_output(so, runner_output(ids, sampled, out))
         for eco in outputs.values():  # what vLLM hands its stats loggers
             if eco.scheduler_stats is not None:
                 self.scheduler_stats.append(eco.scheduler_stats)
@@ -232,17 +225,11 @@ class Harness:
         return torch.randn(*page_shape(self.mla), generator=gen).half()
 
     def _graph_mode(self, so: SchedulerOutput) -> str:
-        """How vLLM's model runner would run this step: its own uniform-decode test and
-        CUDA graph dispatcher (``NONE`` without graphs)."""
-        counts = list(so.num_scheduled_tokens.values())
-        if self.graphs is None or not counts:
+        """How vLLM's model runner would run this step (``graph_oracle.py``; ``NONE``
+        without graphs)."""
+        if self.graphs is None or not so.num_scheduled_tokens:
             return "NONE"
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-        q = self.graphs.uniform_decode_query_len
-        uniform = GPUModelRunner._is_uniform_decode(max(counts), q, sum(counts), len(counts))
-        mode, _ = self.graphs.dispatch(sum(counts), uniform_decode=uniform)
-        return str(mode.name)
+        return str(self.graphs(so, self.requests))
 
     def _compute(self, r: Rank, so: SchedulerOutput, mode: str) -> None:
         """Layer by layer, as vLLM's attention layers run (each waits for its KV first,
@@ -351,12 +338,7 @@ def make_harness(
         block_size=BLOCK,
         log_stats=True,
     )
-    graphs = None
-    if cudagraphs is not None:
-        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-
-        graphs = CudagraphDispatcher(vc)
-        graphs.initialize_cudagraph_keys(vc.compilation_config.cudagraph_mode, 1)
+    graphs = graph_oracle(vc) if cudagraphs is not None else None
     return Harness(sched, ranks, {}, graphs=graphs, aggregator=aggregator(tp_size), mla=mla)
 
 

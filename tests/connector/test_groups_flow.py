@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -35,6 +35,7 @@ from tests.connector.engine_config import (
     full_attention,
     make_kv_cache_config,
     make_vllm_config,
+    runner_output,
     tokens,
     write_model_config,
 )
@@ -139,15 +140,8 @@ class Engine:
         w.clear_connector_metadata()
         ids = list(so.num_scheduled_tokens)
         done = [self.requests[r].num_computed_tokens >= self.requests[r].num_tokens for r in ids]
-        outputs = self.sched.update_from_output(
-            so,
-            ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[7] if d else [] for d in done],
-                kv_connector_output=out,
-            ),
-        )
+        sampled = [[7] if d else [] for d in done]
+        outputs = self.sched.update_from_output(so, runner_output(ids, sampled, out))
         for eco in outputs.values():
             for o in eco.outputs:
                 if o.kv_transfer_params:

@@ -21,7 +21,6 @@ import torch
 from vllm.config import KVTransferConfig
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
 from miniflex.hybrid import GroupNeed
@@ -33,6 +32,7 @@ from tests.connector.engine_config import (
     full_attention,
     make_kv_cache_config,
     make_vllm_config,
+    runner_output,
     write_model_config,
 )
 
@@ -91,14 +91,7 @@ def step(sched: Scheduler) -> dict[str, tuple[list[int], ...]]:
     ids = list(so.num_scheduled_tokens)
     tables = {r: sched.kv_cache_manager.get_block_ids(r) for r in ids}
     done = [sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens for r in ids]
-    sched.update_from_output(
-        so,
-        ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] if d else [] for d in done],
-        ),
-    )
+    sched.update_from_output(so, runner_output(ids, [[7] if d else [] for d in done]))
     return tables
 
 
