@@ -40,18 +40,12 @@ from bench.remote_wire import _stage, plain_gbps, store_gbps, tcp_gbps
 from miniflex.bench.provenance import provenance
 from miniflex.bench.report import Progress, emit
 from miniflex.pool import HostPool
-from miniflex.remote.local_server import private_store
+from miniflex.remote.local_server import free_port, private_store
 from miniflex.types import SlotId
 
 progress = Progress("mooncake-wire")
 HOLDER_SEGMENT = 4 << 30
 READER_SEGMENT = 16 << 20
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _client(master: int, metadata: int, segment: int) -> Any:
@@ -153,7 +147,7 @@ def _start_master(tmp: str) -> tuple[subprocess.Popen, int, int]:
     import mooncake
 
     binary = Path(mooncake.__file__).parent / "mooncake_master"
-    master, metadata = _port(), _port()
+    master, metadata = free_port(), free_port()
     cmd = [str(binary), f"-rpc_port={master}", "-enable_http_metadata_server=true"]
     cmd += [f"-http_metadata_server_port={metadata}"]
     log = open(os.path.join(tmp, "master.log"), "w")  # noqa: SIM115

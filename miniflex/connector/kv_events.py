@@ -51,7 +51,6 @@ class TierEvents:
 
     def __init__(self, manager: MiniFlexManager, ns: Namespace, on: bool) -> None:
         self._manager = manager
-        self._ct = ns.chunk_tokens
         self.chunks: ChunkEvents | None = None
         if on:
             self.chunks = ChunkEvents(ns.blocks_per_chunk, ns.chunk_tokens // ns.blocks_per_chunk)

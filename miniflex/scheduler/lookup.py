@@ -188,5 +188,4 @@ def first_chunk_held(
         return False
     if remote:
         return True
-    key = chunk_key(ns, bytes(block_hashes[bpc - 1]))
-    return key in tiers.cpu or (tiers.ssd is not None and key in tiers.ssd)
+    return tiers.match([chunk_key(ns, bytes(block_hashes[bpc - 1]))]) == 1

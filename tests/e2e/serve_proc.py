@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ from pathlib import Path
 
 import requests
 
+from miniflex.remote.local_server import free_port
 from tests.e2e.engine import KV_BYTES_PER_TOKEN
 
 __all__ = ["free_port", "serve_command", "serving", "wait_healthy"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_command(*args: str) -> list[str]:
