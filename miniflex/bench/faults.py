@@ -21,7 +21,6 @@ import random
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 from miniflex.ssd.journal import RECORD_BYTES, journal_geometry, read_journal
@@ -30,11 +29,8 @@ from miniflex.ssd.store import DATA_FILE, JOURNAL_FILE
 __all__ = ["SmallDisk", "corrupt_chunks", "corrupt_journal"]
 
 
-def corrupt_chunks(
-    rank_dir: str | Path, count: int, seed: int, slots: Sequence[int] | None = None
-) -> list[int]:
-    """Flip one byte in each of ``count`` random chunks the journal of ``rank_dir`` holds
-    (``slots``: in the chunks of these slots instead).
+def corrupt_chunks(rank_dir: str | Path, count: int, seed: int) -> list[int]:
+    """Flip one byte in each of ``count`` random chunks the journal of ``rank_dir`` holds.
 
     One data file per store (a single SSD directory). Returns the slots hit.
     """
@@ -45,7 +41,7 @@ def corrupt_chunks(
     digest, slot_bytes, num_slots = geometry
     live = sorted(s for s, _ in read_journal(journal, digest, slot_bytes, num_slots).values())
     rng = random.Random(seed)
-    hit = sorted(slots) if slots is not None else sorted(rng.sample(live, min(count, len(live))))
+    hit = sorted(rng.sample(live, min(count, len(live))))
     with open(os.path.join(rank_dir, DATA_FILE), "r+b") as f:
         for slot in hit:
             at = slot * slot_bytes + rng.randrange(slot_bytes)

@@ -11,10 +11,8 @@ preempts. Round 1 warms the tiers; each later round injects the next fault of
   (its data slots are preallocated, so the journal's appends fail), then freed;
 * ``kill_corrupt``: after a share of the round, ``kill -9`` of the whole
   server with requests in flight; bytes of chunks on SSD and of journal
-  records are damaged; the server restarts on the same SSD directory, first
-  asks for exactly the prompts whose damaged chunks it can still reach
-  (``soak_reread.py``: every one must fail its checksum, as MiniFlex's
-  per-request trace shows), and the round goes on;
+  records are damaged; the server restarts on the same SSD directory and the
+  round goes on;
 * ``none``: a round without a fault.
 
 After every round, with every client answered: the server runs (no crash),
@@ -37,7 +35,6 @@ from miniflex.bench.driver import Driver
 from miniflex.bench.faults import corrupt_chunks, corrupt_journal
 from miniflex.bench.soak_checks import counters, wait_idle
 from miniflex.bench.soak_load import Load, Outcome, PromptPool, mismatches
-from miniflex.bench.soak_reread import Rereads
 
 if TYPE_CHECKING:
     from miniflex.bench.soak_driver import ServerDriver
@@ -160,13 +157,8 @@ class SoakWorkload(Workload):
         row["cut_by_kill"] = sum(1 for o in cut if o.error is not None)
         done += [o for o in cut if o.error is None]
         rank_dir = driver.rank_dir
-        rereads = Rereads(rank_dir, driver.trace_file) if driver.trace_file else None
-        slots = rereads.pick(self.corrupt_chunks, seed) if rereads is not None else None
-        hit = corrupt_chunks(rank_dir, self.corrupt_chunks, seed, slots)
-        row["corrupted_chunks"] = len(hit)
+        row["corrupted_chunks"] = len(corrupt_chunks(rank_dir, self.corrupt_chunks, seed))
         row["damaged_journal_records"] = corrupt_journal(rank_dir, self.corrupt_records, seed)
-        if rereads is not None:
-            rereads.restarting()
         log_before = len(srv.log_text())
         srv.restart()
         row["restart_s"] = round(srv.wait_ready(), 1)
@@ -174,11 +166,7 @@ class SoakWorkload(Workload):
         row["journal_damage_logged"] = (
             f"skipped {row['damaged_journal_records']} damaged record(s)" in tail
         )
-        if rereads is not None:  # the prompts holding the damaged chunks, first
-            reread = rereads.ask(load)
-            done += reread
-            row.update(rereads.report(), reread_requests=len(reread))
-        rest = max(0, n - len(done) - row["cut_by_kill"])
+        rest = n - len(done) - row["cut_by_kill"]
         done += load.run(rest, self.concurrency, self.abort_fraction, seed + 2)
         return done, before_kill
 
@@ -213,9 +201,6 @@ class SoakWorkload(Workload):
             f"({total['corrupted_chunks']} chunks and {total['damaged_journal_records']} journal "
             f"records damaged; {total['ssd_failures_read']:.0f} checksum failures caught), "
             f"{total['num_preemptions']:.0f} preemptions",
-            f"re-read after damage: {total['damaged_caught']} of {total['damaged_reachable']} "
-            f"damaged chunks still reachable were caught, {total['damaged_unread']} never read "
-            f"back; {total['recomputed_requests']} requests recomputed past a bad chunk",
             f"idle after every round: {all(r['idle'] for r in mf)} (within "
             f"{max(r['idle_after_s'] for r in mf):.1f} s); server alive after every round: "
             f"{all(r['alive'] for r in mf)}",
@@ -223,15 +208,7 @@ class SoakWorkload(Workload):
             "memory of each server process, first round to last (max): "
             + "; ".join(f"{a:.0f} -> {b:.0f} ({m:.0f})" for a, b, m in _lifetimes(mf)),
         ]
-        unread = total["damaged_unread"]
-        return {
-            "totals": total,
-            "seconds": secs,
-            "pss_mib": pss,
-            "lost": lost,
-            "unread": unread,
-            "lines": lines,
-        }
+        return {"totals": total, "seconds": secs, "pss_mib": pss, "lost": lost, "lines": lines}
 
     def draw(self, plt: Any, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         mf = [r for r in rows if r["fault"] != "reference"]
@@ -263,10 +240,6 @@ _SUMMED = (
     "ssd_failures_write",
     "num_preemptions",
     "disk_filled",
-    "damaged_reachable",
-    "damaged_caught",
-    "damaged_unread",
-    "recomputed_requests",
 )
 
 

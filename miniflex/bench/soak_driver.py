@@ -55,9 +55,7 @@ class ServerDriver(HttpDriver):
         status_file: str | None = None,
         ssd_dir: str | None = None,
         disk: SmallDisk | None = None,
-        trace_file: str | None = None,
     ) -> None:
-        """``trace_file``: MiniFlex's per-request trace (``trace_file``), None: off."""
         try:
             server.wait_ready()
         except BaseException:  # interrupted, or it never came up: stop it, then say so
@@ -69,7 +67,6 @@ class ServerDriver(HttpDriver):
         self.status_file = status_file
         self.ssd_dir = ssd_dir
         self.disk = disk or SmallDisk(0)  # never entered: no disk
-        self.trace_file = trace_file
 
     @property
     def rank_dir(self) -> str:
@@ -133,14 +130,13 @@ def _candidates(
 ) -> list[Candidate]:
     """Plain vLLM (the reference), then ``miniflex serve`` with the SSD tier in ``ssd_dir``."""
     engine = _engine_args(args, shape)
-    status, trace = str(work / "status.json"), str(work / "trace.jsonl")
+    status = str(work / "status.json")
     env = {
         **os.environ,
         "MINIFLEX_CPU_BYTES": args.cpu_bytes or "16MiB",
         "MINIFLEX_SSD_DIRS": ssd_dir,
         "MINIFLEX_SSD_BYTES": args.ssd_bytes or "32MiB",
         "MINIFLEX_STATUS_FILE": status,
-        "MINIFLEX_TRACE_FILE": trace,  # which chunks each request read: the re-reads
         "MINIFLEX_HIT_POLICY": "load",  # read everything resident: exercise the SSD path
     }
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIFLEX_")}
@@ -152,7 +148,7 @@ def _candidates(
 
     def miniflex() -> ServerDriver:
         srv = ServerProcess.start("miniflex", args.model, engine, env, work, True)
-        return ServerDriver(srv, prompts, status, ssd_dir, disk, trace)
+        return ServerDriver(srv, prompts, status, ssd_dir, disk)
 
     return [Candidate("vllm", plain), Candidate("miniflex", miniflex)]
 

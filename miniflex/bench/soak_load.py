@@ -19,10 +19,8 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
-import re
 import threading
 import time
 import urllib.error
@@ -31,7 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-__all__ = ["Load", "Outcome", "PromptPool", "mismatches", "prompt_of"]
+__all__ = ["Load", "Outcome", "PromptPool", "mismatches"]
 
 
 class PromptPool:
@@ -86,12 +84,6 @@ class Load:
     ) -> None:
         self.url, self.model, self.pool = url.rstrip("/"), model, pool
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
-        self._serial = itertools.count()
-
-    def ask(self, prompts: Sequence[int], concurrency: int) -> list[Outcome]:
-        """Exactly these prompts, each waited for (no client hangs up)."""
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(self._complete, prompts))
 
     def reference(self) -> dict[int, tuple[int, ...]]:
         """Every prompt's greedy output, one request at a time."""
@@ -148,15 +140,10 @@ class Load:
         ).encode()
 
     def _request(self, prompt: int, stream: bool) -> urllib.request.Request:
-        """The request, named after its prompt (vLLM takes ``X-Request-Id`` as its id, so
-        MiniFlex's trace says which prompt each line is: :func:`prompt_of`)."""
         return urllib.request.Request(
             self.url + "/v1/completions",
             data=self._body(prompt, stream),
-            headers={
-                "Content-Type": "application/json",
-                "X-Request-Id": f"soak-p{prompt}-{next(self._serial)}",
-            },
+            headers={"Content-Type": "application/json"},
         )
 
     def _complete(self, prompt: int) -> Outcome:
@@ -194,10 +181,3 @@ def _describe(exc: BaseException) -> str:
 def mismatches(outcomes: Sequence[Outcome], reference: dict[int, tuple[int, ...]]) -> int:
     """Completed requests whose output differs from the reference's for the same prompt."""
     return sum(1 for o in outcomes if o.tokens is not None and o.tokens != reference[o.prompt])
-
-
-def prompt_of(request_id: str) -> int | None:
-    """The prompt a request of :class:`Load` was sent for, from the id vLLM gave it (it
-    keeps the ``X-Request-Id`` inside its own); None: not one of the soak's."""
-    m = re.search(r"soak-p(\d+)-", request_id)
-    return int(m.group(1)) if m else None

@@ -4,9 +4,8 @@ Plain vLLM gives the reference outputs; ``miniflex serve`` (CPU tier over an
 SSD tier on a loop-mounted 64 MiB ext4) then takes 160 requests in 4 rounds, 8
 at a time, a fifth of whose clients hang up mid-stream, with a KV cache of
 1024 tokens (vLLM preempts). Round 2 fills the disk (ENOSPC), round 3 kills
-the server with ``kill -9`` mid-round, damages chunks on SSD that a restart can
-reach (up to half the tier) and some journal records, restarts it on the same
-directory and asks for exactly the prompts that hold them; round 4 runs clean.
+the server with ``kill -9`` mid-round, damages half the chunks on SSD and some
+journal records and restarts it on the same directory, round 4 runs clean.
 About 90 s on 2 cores.
 
 After every round the rows must show: the server alive, no output different
@@ -78,18 +77,6 @@ def test_kill_9_and_damaged_bytes_are_caught_and_recomputed(soak: dict[str, Any]
     assert kill["corrupted_chunks"] > 0 and kill["damaged_journal_records"] > 0, kill
     assert kill["journal_damage_logged"], kill  # the log counts exactly what was damaged
     assert kill["ssd_failures_read"] + after["ssd_failures_read"] > 0  # checksums caught it
-
-
-def test_every_damaged_chunk_is_read_back_and_caught(soak: dict[str, Any]) -> None:
-    """After the restart the soak asks for exactly the prompts whose damaged chunks are still
-    reachable; MiniFlex's trace must show each of those chunks failing its checksum."""
-    kill = rounds(soak)[2]
-    assert kill["damaged_reachable"] > 0, kill  # else the soak damaged nothing it could read
-    assert kill["damaged_unread"] == 0, kill
-    assert kill["damaged_caught"] == kill["damaged_reachable"], kill
-    assert kill["recomputed_requests"] >= kill["reread_prompts"] > 0, kill
-    assert kill["reread_requests"] == kill["reread_prompts"], kill
-    assert kill["mismatches"] == 0 and kill["errors"] == 0, kill  # no wrong token served
 
 
 def test_memory_stays_bounded_across_rounds(soak: dict[str, Any]) -> None:
