@@ -49,6 +49,10 @@ class TransferStats:
     remote_read_failures: int = 0  # missing, unreachable or corrupt on fetch: recomputed
     backfill_passes: int = 0  # lookups that passed over a request that did not fit (backfill)
     remote_puts: int = 0  # chunks handed to the workers' write-through to the remote store
+    ssd_read_bytes: int = 0  # read from SSD for a load (promoted or streamed), all ranks
+    remote_fetch_bytes: int = 0  # fetched from the remote store for a load, all ranks
+    remote_put_bytes: int = 0  # handed to the remote store's puts, all ranks
+    decided_load_chunks: int = 0  # resident chunks the cost model chose to load
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
     ttft_actual_s: float = 0.0
@@ -82,6 +86,10 @@ class TransferStats:
         "remote_fetched_chunks",
         "remote_read_failures",
         "remote_puts",
+        "ssd_read_bytes",
+        "remote_fetch_bytes",
+        "remote_put_bytes",
+        "decided_load_chunks",
         "backfill_passes",
         "ttft_samples",
         "ttft_predicted_s",

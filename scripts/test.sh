@@ -9,15 +9,17 @@ bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 # The remote-tier tests start their own redis-server and valkey-server processes
 # (tests/remote runs against both), and the soak (tests/e2e/test_soak.py) puts its SSD tier
-# on a loop-mounted ext4; as root, install Debian's packages (and openssl, for the TLS
-# certificates) where missing. Valkey 8 comes from Debian's backports (bookworm has none).
+# on a loop-mounted ext4, and the Grafana dashboard's test reads a live server through a real
+# Prometheus; as root, install Debian's packages (and openssl, for the TLS certificates) where
+# missing. Valkey 8 comes from Debian's backports (bookworm has none).
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v prometheus >/dev/null || missing+=(prometheus)  # the dashboard's test scrapes with it
 if [ ${#missing[@]} -gt 0 ] || ! command -v valkey-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "[test] installing ${missing[*]} valkey-server (apt, about 30 s)"
+    echo "[test] installing ${missing[*]} valkey-server (apt, about a minute)"
     codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
     if [ "$codename" = bookworm ] && ! grep -rqs bookworm-backports /etc/apt/sources.list*; then
       echo "deb http://deb.debian.org/debian bookworm-backports main" \
@@ -33,7 +35,7 @@ if [ ${#missing[@]} -gt 0 ] || ! command -v valkey-server >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       "${target[@]}" valkey-server >/dev/null
   else
-    echo "[test] ${missing[*]} valkey-server missing and no apt-get as root: tests/remote (or the soak's full disk) will skip"
+    echo "[test] ${missing[*]} valkey-server missing and no apt-get as root: tests that need them will skip"
   fi
 fi
 echo "[test] ruff"

@@ -29,7 +29,8 @@ TIER_LEVELS = ("resident", "pinned_or_moving", "free")
 
 
 def gauges_of(state: dict[str, Any]) -> dict[str, int]:
-    """The levels of a snapshot as stats keys: ``now_cpu_resident``, ``now_jobs_in_flight``..."""
+    """The levels of a snapshot as stats keys: ``now_cpu_resident``, ``now_jobs_in_flight``,
+    ``now_ssd_write_backlog``..."""
     out = {
         f"{GAUGE_PREFIX}{t['tier']}_{level}": int(t[level])
         for t in state["tiers"]
@@ -37,6 +38,7 @@ def gauges_of(state: dict[str, Any]) -> dict[str, int]:
     }
     out[GAUGE_PREFIX + "jobs_in_flight"] = int(state["jobs_in_flight"])
     out[GAUGE_PREFIX + "requests_tracked"] = int(state["requests_tracked"])
+    out[GAUGE_PREFIX + "ssd_write_backlog"] = int(state["ssd_write_backlog"])
     return out
 
 

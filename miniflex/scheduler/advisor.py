@@ -133,6 +133,7 @@ class HitAdvisor:
             return
         st.decided = True
         stats.cost_decisions += 1
+        stats.decided_load_chunks += d.load_chunks
         stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
         st.ttft_start = time.perf_counter()
         logger.debug(

@@ -161,6 +161,9 @@ class LoadRecord(JobRecord):
         promoted = sum(1 for c in self.sources if c.ssd is not None and c.key not in bad)
         fetched = sum(1 for c in self.sources if c.remote and c.key not in bad)
         ctx.advisor.observe_load(self.job.timing, promoted, r, fetched)
+        chunk_bytes = ctx.advisor.cost.chunk_bytes  # this rank's share of a chunk
+        ctx.stats.ssd_read_bytes += promoted * chunk_bytes
+        ctx.stats.remote_fetch_bytes += fetched * chunk_bytes
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
         served = self._publish(ctx)

@@ -84,7 +84,7 @@ class MiniFlexManager:
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0
         self.remote = remote
-        self.puts = RemotePuts(config.remote_write if remote is not None else "off")
+        self.puts = RemotePuts(config.remote_write if remote else "off", chunk_bytes * num_workers)
         self.tiers = build_tiers(
             config,
             ns,

@@ -33,6 +33,7 @@ def manager_status(m: MiniFlexManager) -> dict[str, Any]:
         "remote": m.remote.status() if m.remote is not None else None,
         "requests_tracked": m.num_requests,
         "jobs_in_flight": len(m.jobs),
+        "ssd_write_backlog": m.tiers.writeback.backlog,
         "totals": TransferStats().merge(m.totals).merge(m.stats).as_counters(),
     }
 

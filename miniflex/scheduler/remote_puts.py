@@ -30,9 +30,11 @@ __all__ = ["RemotePuts"]
 class RemotePuts:
     """Puts to the remote store as ``mode`` (``remote_write``) wants them; scheduler side."""
 
-    def __init__(self, mode: str) -> None:
-        """``mode``: ``through``, ``back`` or ``off`` (also for an engine with no remote tier)."""
+    def __init__(self, mode: str, chunk_bytes: int = 0) -> None:
+        """``mode``: ``through``, ``back`` or ``off`` (also for an engine with no remote tier);
+        ``chunk_bytes``: a chunk's KV bytes on all ranks together (counted per put)."""
         self.mode = mode
+        self.chunk_bytes = chunk_bytes
         self._back: list[RemoteCopy] = []  # evicted from CPU, to put (mode back)
 
     def evicted(self, key: ChunkKey, slot: SlotId) -> None:
@@ -44,6 +46,7 @@ class RemotePuts:
         """The write-back puts queued since the last call (counted in ``stats``)."""
         out, self._back = tuple(self._back), []
         stats.remote_puts += len(out)
+        stats.remote_put_bytes += len(out) * self.chunk_bytes
         return out
 
     def through(self, chunks: int, stats: TransferStats) -> bool:
@@ -51,6 +54,7 @@ class RemotePuts:
         if self.mode != "through":
             return False
         stats.remote_puts += chunks
+        stats.remote_put_bytes += chunks * self.chunk_bytes
         return True
 
     @property

@@ -278,6 +278,11 @@ class WriteBack:
         """Chunks evicted from CPU that are still being written to SSD (held in CPU)."""
         return len(self._writing_back)
 
+    @property
+    def backlog(self) -> int:
+        """Chunks on their way to SSD, not reported written yet: write-backs and write-throughs."""
+        return len(self._writing_back) + len(self._pinned_copies)
+
     def demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
         """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
         True: it is being written (its CPU slot is freed when that is done)."""

@@ -17,6 +17,7 @@ from miniflex.keys import chunk_key
 from miniflex.ssd.store import DATA_FILE, rank_dirs
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
+from tests.connector.stats_sum import prometheus_values
 from tests.connector.stats_sum import totals as summed_totals
 
 CHUNK = 2 * BLOCK
@@ -76,6 +77,12 @@ def test_chunks_evicted_from_cpu_are_served_from_ssd_bit_exact(tmp_path: Path, s
     assert serve_again(h, "again", tokens(0)) == CHUNKS * CHUNK
     t = totals(h)
     assert t["hit_tokens_ssd"] == CHUNKS * CHUNK and t["promoted_chunks"] == CHUNKS
+    assert t["ssd_read_bytes"] == CHUNKS * SLOT  # read back from disk, this rank's bytes
+    value = prometheus_values(h.kv_stats, h.sched.vllm_config)  # and on /metrics:
+    assert value("vllm:miniflex_tier_bytes_total", tier="ssd", op="read") == CHUNKS * SLOT
+    assert value("vllm:miniflex_tier_bytes_total", tier="ssd", op="write") == t["demote_bytes"]
+    loaded = value("vllm:miniflex_transfer_bytes_total", kind="load")  # one key, two metrics
+    assert loaded and value("vllm:miniflex_tier_bytes_total", tier="cpu", op="read") == loaded
     assert any(key.startswith("ssd_jobs_") for key in t)  # the I/O backend is named
     assert h.manager_side.manager.cpu.usage().pinned_or_moving == 0
     h.worker.shutdown()
@@ -213,6 +220,7 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots(
     t = totals(h)
     assert t["hit_tokens_ssd"] == long * CHUNK
     assert (t["promoted_chunks"], t["streamed_chunks"]) == (3, long - 3)
+    assert t["ssd_read_bytes"] == long * SLOT  # promoted and streamed alike
     manager = h.manager_side.manager
     assert manager.cpu.usage().pinned_or_moving == 0
     assert manager.ssd is not None and manager.ssd.usage().pinned_or_moving == 0

@@ -101,6 +101,7 @@ def test_the_idle_state_is_written_on_a_timer_without_engine_steps(
         last = h.kv_stats[-1]  # what /metrics got last: the same idle levels
         assert last["now_cpu_pinned_or_moving"] == 0 and last["now_jobs_in_flight"] == 0
         assert last["now_cpu_resident"] == 6 and last["now_ssd_pinned_or_moving"] == 0
+        assert idle["ssd_write_backlog"] == 0 and last["now_ssd_write_backlog"] == 0
     finally:
         h.mover.gate.set()
         h.worker.shutdown()

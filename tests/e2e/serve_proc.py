@@ -31,18 +31,20 @@ def serve_command(*args: str) -> list[str]:
     ]
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log_name: str, timeout_s: float = 300) -> None:
-    """Until the server at ``url`` answers /health (it must not exit first)."""
+def wait_healthy(
+    proc: subprocess.Popen, url: str, log_name: str, timeout_s: float = 300, path: str = "/health"
+) -> None:
+    """Until the server at ``url`` answers ``path`` with 200 (it must not exit first)."""
     deadline = time.monotonic() + timeout_s
     while True:
         assert proc.poll() is None, f"server exited with {proc.returncode}; see {log_name}"
         try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
+            if requests.get(url + path, timeout=2).status_code == 200:
                 return
         except requests.ConnectionError:
             pass
         assert time.monotonic() < deadline, f"server not healthy in {timeout_s} s; see {log_name}"
-        time.sleep(1)
+        time.sleep(0.5)
 
 
 @contextmanager

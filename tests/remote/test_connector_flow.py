@@ -54,6 +54,7 @@ def computed(model: Path, url: str, seed: int, **extra: object) -> None:
     a = engine(model, url, **extra)
     a.cached_in_miniflex_only("a", tokens(seed))
     assert totals(a)["remote_puts"] == CHUNKS
+    assert totals(a)["remote_put_bytes"] == CHUNKS * a.manager_side.manager.cost.chunk_bytes
     a.worker.shutdown()
 
 
@@ -75,6 +76,7 @@ def test_a_second_engine_loads_what_the_first_computed(tmp_path: Path, server: L
     t = totals(b)
     assert t["hit_tokens_remote"] == CHUNKS * CHUNK
     assert t["remote_fetched_chunks"] == CHUNKS and t.get("remote_read_failures", 0) == 0
+    assert t["remote_fetch_bytes"] == CHUNKS * b.manager_side.manager.cost.chunk_bytes
     # now in B's CPU tier: the next request is a CPU hit, and nothing is put twice
     b.sched.reset_prefix_cache()
     assert served(b, "b2", tokens(1)) == CHUNKS * CHUNK

@@ -41,7 +41,9 @@ def test_write_back_starts_ahead_of_need_and_the_chunk_stays_readable_until_writ
     assert copy.key == k(2) and copy.cpu == dict(placed)[k(2)]
     assert k(2) in stack.cpu and stack.match([k(2)]) == 1  # still served from CPU
     assert stack.writeback.writing_back == 1 and stack.cpu.free_slots == 0
+    assert stack.writeback.backlog == 1  # what /metrics shows as the write-back backlog
     stack.writeback.complete_demotions([copy], set())
+    assert stack.writeback.backlog == 0
     assert stack.ssd is not None and k(2) in stack.ssd and k(2) not in stack.cpu
     assert stack.cpu.free_slots == 1  # the next store takes it without waiting
     assert stack.match([k(0), k(1), k(2), k(3)]) == 4  # a prefix across both tiers
@@ -308,9 +310,9 @@ def test_write_through_copies_every_stored_chunk_with_its_cpu_slot_pinned() -> N
     store(stack, [k(0), k(1)])
     copies = stack.writeback.take_demotions()
     assert [c.key for c in copies] == [k(0), k(1)]
-    assert pinned(stack) == (2, 2)
+    assert pinned(stack) == (2, 2) and stack.writeback.backlog == 2
     stack.writeback.complete_demotions(copies, set())
-    assert pinned(stack) == (0, 0)
+    assert pinned(stack) == (0, 0) and stack.writeback.backlog == 0
     store(stack, [k(2)])  # evicting k(0) writes nothing: SSD already holds it
     assert [c.key for c in stack.writeback.take_demotions()] == [k(2)]
 
