@@ -38,6 +38,7 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "WHOLE_FILE_BYTES",
     "WINDOWS",
+    "adapter_identity",
     "config_identity",
     "hub_cached_config",
     "model_identity",
@@ -65,13 +66,22 @@ def model_identity(
     frozen = json.dumps(dict(settings or {}), sort_keys=True, default=_named)
     path = Path(model).expanduser()
     cached = None if path.exists() else hub_cached_config(model, revision)
-    stamp = _stamp(path if cached is None else Path(cached))
-    return _identity(model, revision, frozen, cached, stamp)
+    stamp = _stamp(path if cached is None else Path(cached), "config.json")
+    return _identity(model, revision, frozen, cached, stamp, "config.json")
 
 
-def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:
+def adapter_identity(path: str) -> str:
+    """The hex digest of a LoRA adapter's directory: its ``adapter_config.json`` (rank,
+    alpha, target modules), its weight files' bytes as for a model, and the path. A path
+    that is not here (a Hub repo id that vLLM downloads later) is named by itself alone."""
+    local = Path(path).expanduser()
+    stamp = _stamp(local, "adapter_config.json") if local.exists() else ()
+    return _identity(path, None, f"adapter {path}", None, stamp, "adapter_config.json")
+
+
+def _stamp(path: Path, config_file: str) -> tuple[tuple[str, int, int], ...]:
     """Name, size and mtime of the files hashed: a changed file is hashed again."""
-    files = [path / "config.json", *_weight_files(path)] if path.is_dir() else [path]
+    files = [path / config_file, *_weight_files(path)] if path.is_dir() else [path]
     out = []
     for f in files:
         try:
@@ -82,14 +92,19 @@ def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _identity(
-    model: str, revision: str | None, settings: str, cached: str | None, stamp: object
+    model: str,
+    revision: str | None,
+    settings: str,
+    cached: str | None,
+    stamp: object,
+    config_file: str,
 ) -> str:
     parts: dict[str, Any] = {"revision": revision, "settings": settings}
     path = Path(model).expanduser()
     if path.is_dir():
-        parts["config"] = config_identity(path / "config.json")
+        parts["config"] = config_identity(path / config_file)
         parts["weights"] = [_file_digest(f) for f in _weight_files(path)]
     elif path.is_file():  # a single GGUF file
         parts["weights"] = [_file_digest(path)]

@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.clocks import HOOKS, timed_hook
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
+from miniflex.connector.adapter_keys import chunk_hashes
 from miniflex.connector.kv_events import TierEvents
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
@@ -248,7 +249,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
             return None, False
         self._requests[req_id] = request
         hit = self.manager.lookup(
-            req_id, compat.block_hashes(request), request.num_tokens, num_computed_tokens
+            req_id, chunk_hashes(request), request.num_tokens, num_computed_tokens
         )
         if hit.tokens is None:
             return None, False
@@ -285,7 +286,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     def _block_hashes(self, req_id: ReqId) -> Sequence[bytes] | None:
         request = self._requests.get(req_id)
-        return compat.block_hashes(request) if request is not None else None
+        return chunk_hashes(request) if request is not None else None
 
     @timed_hook
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -320,7 +321,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
         """vLLM 0.34+ (``--max-num-inflight-kv-loads``): whether the request may load a hit
         asynchronously: a tier holds its first chunk, or a remote store may."""
         m = self.manager
-        return first_chunk_held(m.ns, m.tiers, m.remote is not None, compat.block_hashes(request))
+        return first_chunk_held(m.ns, m.tiers, m.remote is not None, chunk_hashes(request))
 
     def take_events(self) -> list[Any]:
         """vLLM's KV events for the chunks MiniFlex's tiers gained and lost (``kv_events.py``)."""
@@ -329,9 +330,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def reset_cache(self) -> bool:
         """``reset_prefix_cache(reset_connector=True)``: forget every chunk in every tier.
 
-        The SSD store forgets its chunks durably too (a reset usually means new
-        weights), in order with the transfers already queued.
-        """
+        The SSD store forgets its chunks durably too (a reset usually means new weights),
+        in order with the transfers already queued."""
         dropped = self.manager.reset()
         logger.info("MiniFlex cache reset: %d chunks dropped", dropped)
         return True

@@ -107,11 +107,13 @@ def same_outputs(a: list[Result], b: list[Result]) -> bool:
     return len(a) == len(b) and all(same_output(x, y) for x, y in zip(a, b, strict=True))
 
 
-def run(llm: Any, tokens: list[int], max_tokens: int = 4) -> Result:
+def run(llm: Any, tokens: list[int], max_tokens: int = 4, lora: Any = None) -> Result:
+    """``lora``: a ``LoRARequest`` (an engine made with ``enable_lora=True``)."""
     from vllm import SamplingParams
 
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5, detokenize=False)
-    return result_of(llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0])
+    prompts = [{"prompt_token_ids": tokens}]
+    return result_of(llm.generate(prompts, sp, use_tqdm=False, lora_request=lora)[0])
 
 
 def result_of(out: Any) -> Result:
