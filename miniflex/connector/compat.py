@@ -217,6 +217,12 @@ def model_digest(vllm_config: Any) -> str:
         "rope_scaling": getattr(mc, "rope_scaling", None),
         "rope_theta": getattr(mc, "rope_theta", None),
     }
+    # vLLM 0.34+: with EAGLE, block hashes may cover tokens after each block. MiniFlex does
+    # not ask for them (supports_lookahead_block_hashes is False), so this is 0; were it
+    # not, chunks hashed either way must not meet. Named only when set: keys stay as they were.
+    lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+    if lookahead:
+        settings["hash_lookahead_tokens"] = lookahead
     return model_identity(str(mc.model), getattr(mc, "revision", None), settings)
 
 

@@ -138,3 +138,23 @@ def test_the_identity_changes_every_key_and_digest() -> None:
     assert one.digest != two.digest and one.key_digest != two.key_digest
     tokens = list(range(64))
     assert chunk_keys_from_tokens(one, tokens) != chunk_keys_from_tokens(two, tokens)
+
+
+def test_lookahead_block_hashes_are_part_of_the_model_identity(tmp_path: Path) -> None:
+    """vLLM 0.34's lookahead hashes cover tokens after each block: an engine hashing that
+    way must not share chunks with one that does not (and without them keys stay as before)."""
+    from types import SimpleNamespace
+
+    from miniflex.connector.compat import model_digest
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64}))
+
+    def config(**extra: object) -> SimpleNamespace:
+        mc = SimpleNamespace(model=str(model), dtype="bfloat16", revision=None)
+        return SimpleNamespace(model_config=mc, cache_config=SimpleNamespace(), **extra)
+
+    plain = model_digest(config())
+    assert model_digest(config(num_hash_lookahead_tokens=0)) == plain
+    assert model_digest(config(num_hash_lookahead_tokens=3)) != plain
