@@ -178,7 +178,6 @@ def test_a_gated_load_copies_each_layer_only_once_its_bytes_are_in(pools, name, 
         pool.slot(s)[:] = 0xA5
     mover = make_mover(name, layout_of(dst), dst, pool, **kw)
     gate = LayerGate(g.num_layers)
-    load = mover.load_layerwise(moved_elsewhere(chunks, BLOCKS // 2), gate=gate)
     layer_bytes = g.blocks_per_chunk * g.page_bytes
 
     def read_in() -> None:
@@ -189,8 +188,11 @@ def test_a_gated_load_copies_each_layer_only_once_its_bytes_are_in(pools, name, 
                 pool.slot(s)[lo:hi] = good[s][lo:hi]
             gate.open_through(layer)
 
+    # The reads start first, as StepLoads.issue starts them: a mover without layer-by-layer
+    # copies (the torch mover) waits for the whole gate inside load_layerwise.
     thread = threading.Thread(target=read_in)
     thread.start()
+    load = mover.load_layerwise(moved_elsewhere(chunks, BLOCKS // 2), gate=gate)
     seen = []
     for t in dst.values():  # the forward, layer by layer
         load.wait_layer(len(seen))
