@@ -7,8 +7,9 @@
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
 and repeat; write-through puts its chunks in the store, and A shuts down
-(its queued puts go out first). Engine B then starts with empty local tiers
-and, per prompt:
+(its queued puts go out first). Engine B then starts with empty local tiers,
+computes a few fresh prompts so that its cost model is calibrated, as a warm
+server's is, and, per prompt:
 
 1. **recompute**: a fresh prompt of the same length (nothing cached anywhere);
 2. **remote**: A's prompt, fetched from the store into B's CPU tier and loaded;
@@ -43,6 +44,7 @@ from miniflex.bench.configs import TierSizes, parse_configs, with_settings
 from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
 from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
+from miniflex.cost import MIN_STEPS, MIN_TOKENS
 from miniflex.remote.local_server import SERVER_BINARIES, private_store
 
 STEPS = ("recompute", "remote", "cpu")
@@ -203,6 +205,7 @@ def _serve_b(
     rows: list[dict[str, Any]] = []
     try:
         b.prefill(warm[::-1], "warmup")
+        _calibrate(b, rng, vocab, longest=max(n for n, _r, _t in cases))
         for n, r, tokens in cases:
             fresh = [rng.randrange(3, vocab) for _ in range(n)]
             samples = {
@@ -223,6 +226,15 @@ def _serve_b(
     finally:
         b.close()
     return rows
+
+
+def _calibrate(b: OfflineDriver, rng: random.Random, vocab: int, longest: int) -> None:
+    """Fresh prompts of several lengths, enough prefill steps for the cost model's fit: a
+    server's first requests are decided before it (everything resident is loaded), and
+    B's measured requests should be decided as a warm server decides them."""
+    for i in range(MIN_STEPS):
+        n = min(MIN_TOKENS * (2 + i % 4), max(longest, MIN_TOKENS))
+        b.prefill([rng.randrange(3, vocab) for _ in range(n)], "calibrate")
 
 
 def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any]]:
