@@ -6,7 +6,8 @@
 * ``staged``: :class:`~miniflex.gpu.staged_mover.StagedMover` (CUDA + CuPy);
 * ``auto``: the tuning cache's winner for this GPU, layout and chunk size
   (``miniflex tune`` writes it), else ``staged`` where the KV cache is on
-  CUDA and CuPy is installed, else ``cpu``.
+  CUDA and CuPy is installed, else ``cpu``; ``kernel`` instead of ``staged`` when
+  the staging buffer does not fit beside vLLM's KV cache (``headroom.py``).
 
 The CUDA movers are imported only when chosen, so nothing here loads CuPy or
 ``cuda.bindings`` on a machine without them.
@@ -24,6 +25,7 @@ from miniflex.config import MiniFlexConfig, default_tune_cache
 from miniflex.errors import ConfigError
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.cpu_mover import TorchMover
+from miniflex.gpu.headroom import device_room, staging_bytes, staging_problem
 from miniflex.gpu.tune_cache import TuneChoice, lookup, tune_key
 from miniflex.layout import KVLayout
 from miniflex.pool import HostPool
@@ -93,6 +95,8 @@ def make_mover(
     direct_stores = config.staging_stores == "direct"
     if name == "staged" and stores_only and direct_stores:
         name, tuned = "kernel", None  # the staged mover's direct path, nothing tuned
+    elif name == "staged" and not _staging_fits(config, pool, kv_caches):
+        name, tuned = "kernel", None  # mover=auto: the kernel mover needs no staging
     if name == "kernel":
         from miniflex.gpu.kernel_mover import KernelMover
 
@@ -112,6 +116,27 @@ def make_mover(
     from miniflex.gpu.dma_mover import DMAMover
 
     return DMAMover(layout, kv_caches, pool)
+
+
+def _staging_fits(
+    config: MiniFlexConfig, pool: HostPool, kv_caches: Mapping[str, torch.Tensor]
+) -> bool:
+    """Whether the staged mover's buffer fits beside vLLM's KV cache (``headroom.py``).
+    With mover=auto, False after a warning (the kernel mover is built instead); with
+    mover=staged, a ConfigError that says how to make room."""
+    from miniflex.gpu.staged_mover import LANES
+
+    device = next(iter(kv_caches.values())).device
+    needed = staging_bytes(pool.slot_bytes, config.staging_lane_bytes, LANES)
+    problem = staging_problem(needed, device_room(device))
+    if problem is None:
+        return True
+    if config.mover != "auto":
+        raise ConfigError("mover", config.mover, problem)
+    logger.warning(
+        "MiniFlex mover 'auto': the staged mover does not fit: %s; using 'kernel'", problem
+    )
+    return False
 
 
 def _tuned(

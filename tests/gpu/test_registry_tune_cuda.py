@@ -103,3 +103,29 @@ def test_pinning_is_shared_by_movers_and_undone_once(pools, tmp_path) -> None:
     assert pinning.pin(pool.address, pool.nbytes)  # the handler's pin after make_mover
     pinning.unpin(pool.address)
     assert cuda_driver.unregister(pool.address) == cuda_driver.NOT_REGISTERED
+
+
+def test_a_staging_buffer_that_does_not_fit_beside_the_kv_cache(pools, tmp_path, caplog) -> None:
+    """vLLM 0.34 gives its KV cache the whole GPU by default: with too little room left, auto
+    builds the kernel mover (no staging) with a warning, and mover=staged says how to make
+    room; once there is room, both build the staged mover."""
+    from miniflex.errors import ConfigError
+    from miniflex.gpu.headroom import MARGIN, device_room
+
+    kv = caches()
+    layout = layout_of(kv)
+    pool = pools(2, layout.geometry.slot_bytes)
+    hog = torch.empty(
+        device_room(kv[next(iter(kv))].device) - MARGIN, dtype=torch.uint8, device="cuda"
+    )  # leaves less room than the staging buffer needs
+    try:
+        with caplog.at_level("WARNING", logger="miniflex.gpu"):
+            auto = make_mover(config(tmp_path), layout, kv, pool)
+        assert type(auto).__name__ == "KernelMover"
+        assert "gpu-memory-utilization" in caplog.text
+        with pytest.raises(ConfigError, match="staging buffer needs"):
+            make_mover(config(tmp_path, mover="staged"), layout, kv, pool)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+    assert type(make_mover(config(tmp_path), layout, kv, pool)).__name__ == "StagedMover"
