@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.remote_share import _model
+from bench.remote_share import _model, publish
 from miniflex.bench.provenance import provenance
 from miniflex.bench.server import ServerProcess
 from miniflex.remote.local_server import private_store
@@ -195,12 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             client.close()
     result = {"settings": vars(args), "rows": rows, "summary": summary(rows)}
     result["provenance"] = provenance(False, args.commit)
-    text = json.dumps(result, indent=1)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    print(table(result))
+    publish(result, args.json, table(result))
     return 0
 
 

@@ -306,13 +306,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             result = measure(srv.url, args)
     result["provenance"] = provenance(on_cuda(), args.commit)
-    text = json.dumps(result, indent=1)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    print(table(result))
+    publish(result, args.json, table(result))
     return 0
+
+
+def publish(result: dict[str, Any], json_path: str | None, table_text: str) -> None:
+    """Print ``result`` as JSON, then its table; also write the JSON to ``json_path``."""
+    text = json.dumps(result, indent=1)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(text + "\n")
+    print(text)
+    print(table_text)
 
 
 if __name__ == "__main__":
