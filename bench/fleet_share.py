@@ -22,6 +22,7 @@ each replica its share, e.g. ``--server-args "--gpu-memory-utilization 0.4"``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from miniflex.bench.provenance import provenance
 from miniflex.bench.server import ServerProcess
 from miniflex.remote.local_server import private_store
 
-CHUNK_TOKENS = 64  # the demo's: 2 blocks of 32
+CHUNK_TOKENS = 64  # the replicas run with 32-token blocks: MiniFlex's auto chunk is 2 of them
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -69,7 +70,7 @@ def _complete(url: str, tokens: list[int]) -> tuple[float, dict[str, Any]]:
     body = {"prompt": tokens, "max_tokens": 1, "temperature": 0, "detokenize": False}
     req = urllib.request.Request(
         url + "/v1/completions",
-        data=json.dumps(body | {"model": _model_id(url)}).encode(),
+        data=json.dumps(body | {"model": _model_id(url)}).encode(),  # asked once per server
         headers={"Content-Type": "application/json"},
     )
     t0 = time.perf_counter()
@@ -79,13 +80,15 @@ def _complete(url: str, tokens: list[int]) -> tuple[float, dict[str, Any]]:
     return ms, (out.get("kv_transfer_params") or {}).get("miniflex") or {}
 
 
+@functools.cache
 def _model_id(url: str) -> str:
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
         return str(json.loads(r.read())["data"][0]["id"])
 
 
-def _servers(args: argparse.Namespace, url: str, logs: Path) -> list[ServerProcess]:
-    model, _vocab, kv_bytes = _model(args)
+def _servers(
+    args: argparse.Namespace, model: str, kv_bytes: int, url: str, logs: Path
+) -> list[ServerProcess]:
     env = {
         **os.environ,
         "PYTHONHASHSEED": "0",  # both replicas name chunks alike on every vLLM version
@@ -108,9 +111,10 @@ def _servers(args: argparse.Namespace, url: str, logs: Path) -> list[ServerProce
     return servers
 
 
-def _run(a: str, b: str, store_keys: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _run(
+    a: str, b: str, store_keys: Any, args: argparse.Namespace, vocab: int
+) -> list[dict[str, Any]]:
     """Both clients at once; one row per prompt (see the module docstring)."""
-    _model_path, vocab, _kv = _model(args)
     rng = random.Random(0)
 
     def fresh() -> list[int]:
@@ -186,9 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp, private_store(tmp, maxmemory="4gb") as store:
         client = redis.Redis.from_url(store.url)
-        servers = _servers(args, store.url, Path(tmp) / "logs")
+        model, vocab, kv_bytes = _model(args)
+        servers = _servers(args, model, kv_bytes, store.url, Path(tmp) / "logs")
         try:
-            rows = _run(servers[0].url, servers[1].url, client.dbsize, args)
+            rows = _run(servers[0].url, servers[1].url, client.dbsize, args, vocab)
         finally:
             for s in servers:
                 s.stop()

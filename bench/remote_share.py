@@ -229,9 +229,10 @@ def _serve_b(
 
 
 def _calibrate(b: OfflineDriver, rng: random.Random, vocab: int, longest: int) -> None:
-    """Fresh prompts of several lengths, enough prefill steps for the cost model's fit: a
-    server's first requests are decided before it (everything resident is loaded), and
-    B's measured requests should be decided as a warm server decides them."""
+    """Fresh prompts of several lengths, enough prefill steps for the cost model's fit:
+    before it, the model weighs SSD and remote chunks against a rough mean seconds per
+    token (and loads CPU hits whole), and B's measured requests should be decided as a
+    warm server decides them."""
     for i in range(MIN_STEPS):
         n = min(MIN_TOKENS * (2 + i % 4), max(longest, MIN_TOKENS))
         b.prefill([rng.randrange(3, vocab) for _ in range(n)], "calibrate")
