@@ -1,7 +1,7 @@
 """A load's remote fetches on one worker: the store's verified bytes into fresh CPU slots.
 
-The worker's side of a remote hit, run on its read thread (like SSD
-promotions) before the load's GPU copies. Each rank fetches its own shard's
+The worker's side of a remote hit, run on its remote-fetch lane (beside the SSD
+promotions' ssd-read lane) before the load's GPU copies. Each rank fetches its own shard's
 value into the slot the scheduler allocated; a fetch that fails (a miss, the
 store down or slow, a value that fails verification, which the store deletes)
 is reported in the job's failed keys, so its blocks become load errors and

@@ -1,7 +1,7 @@
 """The worker side of the SSD tier: chunk copies between the CPU pool and the SSD store.
 
 One per worker process (TP rank), owned by the connector's handler: write-backs
-run on its SSD thread, promotions on its read thread (the store serializes
+run on its ssd-write lane, promotions on its ssd-read lane (the store serializes
 them). It executes what the scheduler's
 :class:`~miniflex.tiers.TierStack` decided and reports which chunks failed;
 it never raises for I/O failures (a failed chunk is recomputed or not kept).

@@ -2,32 +2,34 @@
 
 It runs in each vLLM worker process and owns the bytes: the CPU pool, a
 pair of movers bound to vLLM's KV tensors and, with ``ssd_dirs``, this rank's SSD
-store. Four threads, each running its jobs in plan order:
+store. Its jobs run on lanes, one queue and thread per medium pair (``lanes.py``),
+each in plan order:
 
-* loads run on the load thread with one mover (its own CUDA stream and staging
-  buffers), stores on the store thread with the other, so a load never waits behind a
+* loads run on the gpu-load lane with one mover (its own CUDA stream and staging
+  buffers), stores on the gpu-store lane with the other, so a load never waits behind a
   store waiting for its forward, and both directions of the PCIe link are used at once.
   They never touch the same bytes: a load reads committed chunks into blocks no forward
   has computed yet (a preempted request's blocks are handed out again only once its
   stores are done, see below), and a store writes a free slot that no load reads;
-* writes to SSD (demotions, clearing the store) run on a third thread, and a
-  load's promotions (SSD reads) on a fourth, so a slow disk never holds up
-  GPU copies;
+* writes to SSD (demotions, clearing the store) run on the ssd-write lane, a load's
+  SSD reads on the ssd-read lane and its remote fetches on the remote-fetch lane, so a
+  slow disk or store never holds up GPU copies, nor a stalled store another
+  request's disk reads;
 * a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
-  queued, before the jobs of the same plan; a store or promotion into that
-  slot is queued (for the transfer or the read thread) only once it is written
+  queued, before the jobs of the same plan; a store or read into that
+  slot is queued (for its lane) only once it is written
   (only then may the slot be overwritten), so the jobs queued after it never
   wait for the disk: no other job reads or writes a slot being stored or
   promoted into;
 * a job with remote puts (a store's write-through, a write-back's) is reported
   done as soon as its own copy is, so vLLM gets its blocks back; its slots are
-  then copied for the puts on the uploader's copy thread (the store thread goes
+  then copied for the puts on the uploader's copy thread (the gpu-store lane goes
   on with the next store), and are registered the same way until they are
   (``slot_guard.py``);
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
-  promotions reads them on the read thread first (once its slots are written
-  back, like a store), then queues its GPU copies; a load that streams SSD
+  reads is chained from lane to lane once its slots are written back, like a
+  store: remote fetches, then SSD promotions, then its GPU copies; a load that streams SSD
   chunks past the CPU tier queues them part by part as they arrive
   (``streams.py``). The store serializes a read with the write job in
   progress, not with those queued behind it;
@@ -48,16 +50,12 @@ Any exception in a job is caught here, logged, and reported as a failed job
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import replace
 
 import torch
 
-from miniflex.clocks import ThreadClock
 from miniflex.config import MiniFlexConfig
 from miniflex.errors import TransferError
 from miniflex.gpu import pinning
@@ -69,16 +67,17 @@ from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
-from miniflex.worker.job_runner import QueuedJob, execute, failed_result
+from miniflex.worker.job_runner import QueuedJob, execute, fail_unreported, failed_result
+from miniflex.worker.lanes import Lane
+from miniflex.worker.load_reads import LoadReads
 from miniflex.worker.probe import probe_rank
-from miniflex.worker.promotions import Promoter
 from miniflex.worker.rank_io import open_rank_io
 from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.step_loads import StepLoads
 from miniflex.worker.step_reads import StepReads
 from miniflex.worker.step_timer import StepTimer
 from miniflex.worker.store_batch import StoreBatch, execute_stores
-from miniflex.worker.streams import StagingRing, Streamer
+from miniflex.worker.streams import StagingRing
 
 __all__ = ["MiniFlexHandler"]
 
@@ -102,13 +101,14 @@ class MiniFlexHandler:
         self._remote = remote
         self.layout: KVLayout | None = None
         self._pool: HostPool | None = None
-        self._mover: KVMover | None = None  # loads (the load thread and in-step loads)
-        self._store_mover: KVMover | None = None  # stores (the store thread)
-        self._queue: queue.Queue[QueuedJob | None] = queue.Queue()  # GPU copies into vLLM's cache
-        self._store_queue: queue.Queue[tuple[QueuedJob, ...] | None] = queue.Queue()  # batches
-        self._ssd_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD writes
-        self._read_queue: queue.Queue[QueuedJob | None] = queue.Queue()  # SSD reads (promotions)
-        self._threads: list[threading.Thread] = []
+        self._mover: KVMover | None = None  # loads (the gpu-load lane and in-step loads)
+        self._store_mover: KVMover | None = None  # stores (the gpu-store lane)
+        self._load = Lane[QueuedJob]("gpu-load", self._run_job, fail_unreported)
+        self._store = Lane[tuple[QueuedJob, ...]]("gpu-store", self._run_stores, _fail_all)
+        self._ssd_write = Lane[QueuedJob]("ssd-write", self._run_job, fail_unreported)
+        self._reads = LoadReads(self._load.submit)  # the ssd-read and remote-fetch lanes
+        r = self._reads
+        self._lanes = (self._load, self._store, self._ssd_write, r.ssd_read, r.fetch)
         self._guard = SlotGuard()  # CPU slots still read by write-backs and put copies
         self._done: list[JobResult] = []
         self._pending: dict[ReqId, list[Future[JobResult]]] = {}
@@ -123,10 +123,7 @@ class MiniFlexHandler:
         self._probe: LoadProbe | None = None  # reported once, with the first results
         self._step_loads = StepLoads({})
         self._step_reads: StepReads | None = None
-        self._cpu = ThreadClock()
         self._writes = True  # False: a replicated cache's rank > 0 (rank 0 writes its chunks)
-        self._promoter = Promoter(None, None, True)  # CPU seconds of the three threads' jobs
-        self._streamer = Streamer(None, StagingRing(0, 0), self._queue.put)
 
     def register(
         self,
@@ -143,9 +140,9 @@ class MiniFlexHandler:
             self.config, kv_caches, num_slots, blocks_per_chunk, setup, latent, self._remote
         )
         self.layout, self._pool, self._ssd = io.layout, io.pool, io.ssd
-        self._mover, self._store_mover, self._promoter = io.mover, io.store_mover, io.promoter
+        self._mover, self._store_mover = io.mover, io.store_mover
         self._writes = setup.writes
-        self._streamer = Streamer(io.ssd, StagingRing(num_slots, io.staging), self._queue.put)
+        self._reads.bind(io.promoter, io.ssd, StagingRing(num_slots, io.staging))
         if io.ssd is not None and io.staging and setup.writes:  # a pool of this rank's own
             self._step_reads = StepReads(
                 io.ssd, self._guard, io.pool.slot_bytes, io.layout.geometry
@@ -155,12 +152,8 @@ class MiniFlexHandler:
         self._timer = StepTimer(next(iter(kv_caches.values())).device)
         self._pinned = on_cuda and pinning.pin(self._pool.address, self._pool.nbytes)
         self._probe = probe_rank(self._mover, self.layout, num_slots, self._ssd, self._remote)
-        queues = (self._queue, self._store_queue, self._ssd_queue, self._read_queue)
-        for name, q in zip(("load", "store", "ssd", "ssd-read"), queues, strict=True):
-            thread = threading.Thread(target=self._run, args=(q,), name=f"miniflex-{name}")
-            thread.daemon = True
-            thread.start()
-            self._threads.append(thread)
+        for lane in self._lanes:
+            lane.start()
         logger.info(
             "MiniFlex worker: %s layout, %d CPU slots and %d staging slots of %d bytes "
             "(%.2f GiB%s), chunk %d tokens",
@@ -211,11 +204,11 @@ class MiniFlexHandler:
                 self._step_loads.wait_all()  # a full graph skips wait_for_layer_load
 
     def _queue_jobs(self, jobs: list[TransferJob]) -> None:
-        """Queue a plan's jobs for the threads, each once the slots it writes are free."""
+        """Queue a plan's jobs on their lanes, each once the slots it writes are free."""
         if not jobs:
             return
         assert self._mover is not None
-        fence, stores = self._mover.fence(), StoreBatch(self._store_queue.put)  # one copy
+        fence, stores = self._mover.fence(), StoreBatch(self._store.submit)  # one copy
         for job in jobs:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
@@ -224,10 +217,10 @@ class MiniFlexHandler:
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 self._guard.hold((c.cpu for c in job.demotions), fut)
                 self._guard.hold((c.cpu for c in job.remote), item.copied or fut)
-                self._ssd_queue.put(item)
+                self._ssd_write.submit(item)
             elif job.reads or job.streams:  # read into slots once written back, then copy
                 reads = {c.cpu for c in job.reads}
-                self._guard.after(reads, lambda i=item: self._read_queue.put(i))
+                self._guard.after(reads, lambda i=item: self._reads.submit(i))
             elif job.kind is JobKind.STORE and job.req_id in self._step_loads.failed:
                 fut.set_result(failed_result(job, TransferError(_OVER_FAILED), time.perf_counter()))
             elif job.kind is JobKind.STORE:
@@ -235,7 +228,7 @@ class MiniFlexHandler:
                 if item.copied is not None:  # after: the store must not wait for its own copies
                     self._guard.hold((c.cpu for c in job.remote), item.copied)
             else:
-                self._queue.put(item)
+                self._load.submit(item)
         stores.close()
 
     def wait_layer(self, layer_name: str) -> None:
@@ -288,21 +281,18 @@ class MiniFlexHandler:
             for fut in list(self._pending.get(r, ())):
                 fut.result()
 
-    def _run(self, jobs: queue.Queue[QueuedJob | tuple[QueuedJob, ...] | None]) -> None:
-        while (item := jobs.get()) is not None:
-            cpu = time.thread_time()
-            if isinstance(item, tuple):  # the store thread: a batch of stores, one copy
-                assert self._store_mover is not None
-                for it, res in execute_stores(item, self._store_mover, self._writes):
-                    self._report(it, res)
-            elif (item.job.reads or item.job.streams) and item.promoted is None:
-                self._promote(item)  # on the read thread
-            else:
-                assert self._mover is not None
-                ssd = self._ssd if self._writes else None
-                job, fence, promoted = item.job, item.fence, item.promoted
-                self._report(item, execute(job, fence, promoted, self._mover, ssd, self._writes))
-            self._cpu.add(time.thread_time() - cpu)
+    def _run_job(self, item: QueuedJob) -> None:
+        """A LOAD's copies (gpu-load), a DEMOTE or CLEAR (ssd-write)."""
+        assert self._mover is not None
+        ssd = self._ssd if self._writes else None
+        job, fence, promoted = item.job, item.fence, item.promoted
+        self._report(item, execute(job, fence, promoted, self._mover, ssd, self._writes))
+
+    def _run_stores(self, items: tuple[QueuedJob, ...]) -> None:
+        """A batch of stores, one copy (gpu-store)."""
+        assert self._store_mover is not None
+        for it, res in execute_stores(items, self._store_mover, self._writes):
+            self._report(it, res)
 
     def _report(self, item: QueuedJob, res: JobResult) -> None:
         """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
@@ -323,24 +313,8 @@ class MiniFlexHandler:
             done()
 
     def take_thread_cpu(self) -> float:
-        """CPU seconds MiniFlex's threads spent on jobs since the last call (waits excluded)."""
-        return self._cpu.take()
-
-    def _promote(self, item: QueuedJob) -> None:
-        """A load's SSD reads into its CPU slots (on the read thread); then its GPU copies go
-        to the transfer thread, so that a slow read never holds up the copies of other jobs."""
-        job, fut = item.job, item.done
-        t0 = time.perf_counter()
-        try:
-            promoted = self._promoter.promote(job.job_id, job.promotions, job.remote)
-        except Exception as exc:  # the worker boundary: report, never crash vLLM
-            io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-            fut.set_result(failed_result(job, exc, t0, io))
-            return
-        if job.streams:
-            self._streamer.run(item, promoted)
-        else:
-            self._queue.put(replace(item, promoted=promoted))
+        """CPU seconds MiniFlex's lanes spent on jobs since the last call (waits excluded)."""
+        return sum(lane.take_cpu() for lane in self._lanes)
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:
@@ -380,13 +354,10 @@ class MiniFlexHandler:
 
     def shutdown(self) -> None:
         self.finish_step_loads()
-        if self._threads:
+        if self._pool is not None:  # registered: the lanes run
             self.drain()
-            for q in (self._queue, self._store_queue, self._ssd_queue, self._read_queue):
-                q.put(None)
-            for thread in self._threads:
-                thread.join(timeout=30)
-            self._threads = []
+            for lane in self._lanes:
+                lane.close()
         if self._pool is not None:
             if self._pinned:
                 pinning.unpin(self._pool.address)
@@ -398,3 +369,8 @@ class MiniFlexHandler:
         if self._remote is not None:
             self._remote.close()
             self._remote = None
+
+
+def _fail_all(items: tuple[QueuedJob, ...], exc: Exception) -> None:
+    for item in items:
+        fail_unreported(item, exc)

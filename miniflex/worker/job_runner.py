@@ -21,7 +21,7 @@ from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 
-__all__ = ["Promoted", "QueuedJob", "execute", "failed_result"]
+__all__ = ["Promoted", "QueuedJob", "execute", "fail_unreported", "failed_result"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,13 @@ def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> 
     return JobResult(
         job.job_id, job.req_id, job.kind, False, 0, time.perf_counter() - t0, failed, io=io
     )
+
+
+def fail_unreported(item: QueuedJob, exc: Exception) -> None:
+    """Report a job whose lane's run raised (a bug) failed, unless it was reported, so that
+    nothing waits for it forever."""
+    if not item.done.done():
+        item.done.set_result(failed_result(item.job, exc, time.perf_counter()))
 
 
 def unread(job: TransferJob, failed_keys: set[ChunkKey]) -> tuple[set[SlotId], list[BlockId]]:

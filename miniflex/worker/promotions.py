@@ -29,7 +29,8 @@ PROMOTION_WAIT_S = 60.0
 
 
 class Promoter:
-    """Runs the reads of one load job (SSD promotions, remote fetches), on the read thread."""
+    """Runs the reads of one load job: SSD promotions (the ssd-read lane), remote fetches
+    (the remote-fetch lane)."""
 
     def __init__(
         self,

@@ -40,9 +40,9 @@ class RankIO:
     ssd: SSDCopier | None
     """This rank's SSD store (None: no ``ssd_dirs``, or a rank that writes nothing)."""
     mover: KVMover
-    """Loads: the load thread's, and in-step loads on vLLM's thread."""
+    """Loads: the gpu-load lane's, and in-step loads on vLLM's thread."""
     store_mover: KVMover
-    """Stores: the store thread's (``make_mover(..., stores_only=True)``)."""
+    """Stores: the gpu-store lane's (``make_mover(..., stores_only=True)``)."""
     promoter: Promoter
     staging: int = 0
     """The pool's staging slots, after the CPU tier's (:func:`miniflex.pool.stream_slots`)."""

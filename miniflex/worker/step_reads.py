@@ -8,7 +8,7 @@ their own, and run in parts of one layer's bytes: slots are laid out layer-major
 mover copies a layer as soon as its gate is open (:meth:`KVMover.load_layerwise`), so
 the disk reads layer ``l + 1`` while the GPU copies layer ``l`` and computes the layers
 before it. A slot being written back to SSD is read into only once that write is done,
-as for a promotion on the read thread.
+as for a promotion on the ssd-read lane.
 
 Checksums cover a whole chunk, so they are checked only after the last part, when the
 forward may already have read the chunk's first layers: a chunk that fails is

@@ -1,8 +1,8 @@
-"""A plan's stores, copied by the store thread in one mover call.
+"""A plan's stores, copied by the gpu-store lane in one mover call.
 
 A plan holds one STORE job per request that completed a chunk in its step: a
 decode step of 32 requests that each fill a chunk makes 32 jobs of one chunk.
-Every ``KVMover.store`` call has a fixed cost on the store thread (page table,
+Every ``KVMover.store`` call has a fixed cost on the gpu-store lane (page table,
 launches, events, copies, the wait: 0.28 ms of CPU for one chunk and 0.68 ms for
 32 with the staged mover on an H200 host), taken from vLLM's thread, which waits
 for the interpreter lock meanwhile. So the handler queues the stores of one

@@ -3,12 +3,12 @@
 A load whose SSD chunks do not all fit the CPU tier carries them as
 ``TransferJob.streams``: each names a staging slot, one of the pool's slots past
 the CPU tier's (:func:`miniflex.pool.stream_slots`), which the scheduler hands
-out in turn. On the read thread, :class:`Streamer` runs such a job in parts:
+out in turn. On the ssd-read lane, :class:`Streamer` runs such a job in parts:
 
 1. the chunks in CPU slots (resident ones and promotions, read first) go to the
    load thread as one copy;
 2. the streamed chunks are read a window at a time (half the staging slots), and
-   each window's copy goes to the load thread as soon as it has arrived, so the
+   each window's copy goes to the gpu-load lane as soon as it has arrived, so the
    disk reads the next window while the GPU copies this one;
 3. a staging slot is read into again only once the copy out of it is done
    (:class:`StagingRing`), whichever job it belonged to.
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 class StagingRing:
     """The pool's staging slots ``[first, first + count)``: each is free, or holds a chunk
-    whose GPU copy is not done yet. The read thread claims, the load thread frees."""
+    whose GPU copy is not done yet. The ssd-read lane claims, the gpu-load lane frees."""
 
     def __init__(self, first: int, count: int) -> None:
         self.first, self.count = first, count
@@ -57,7 +57,7 @@ class StagingRing:
         return self.first <= slot < self.first + self.count
 
     def claim(self, slots: Sequence[SlotId]) -> None:
-        """Wait until each slot's last copy is done, then hold it (the read thread); slots
+        """Wait until each slot's last copy is done, then hold it (the ssd-read lane); slots
         are checked to be staging slots before any is held."""
         assert all(slot in self for slot in slots), f"not all staging slots: {slots}"
         for slot in slots:
@@ -77,7 +77,7 @@ class StagingRing:
 class StreamedLoad:
     """One LOAD job's result, added up from its parts; resolves ``done`` after the last.
 
-    The read thread holds one part open until it has queued every part
+    The ssd-read lane holds one part open until it has queued every part
     (:meth:`close`), so the job cannot finish between two parts.
     """
 
@@ -103,7 +103,7 @@ class StreamedLoad:
             self._ssd_s += seconds
 
     def part(self, res: JobResult) -> None:
-        """A part's copy is done (the load thread), or failed."""
+        """A part's copy is done (the gpu-load lane), or failed."""
         with self._lock:
             self._ok = self._ok and res.ok
             self._bytes += res.num_bytes
@@ -115,7 +115,7 @@ class StreamedLoad:
         self._close_one()
 
     def close(self) -> None:
-        """The read thread has queued every part."""
+        """The ssd-read lane has queued every part."""
         self._close_one()
 
     def _close_one(self) -> None:
@@ -142,7 +142,7 @@ class StreamedLoad:
 
 
 class Streamer:
-    """Runs the streamed part of LOAD jobs on the read thread (see the module docstring)."""
+    """Runs the streamed part of LOAD jobs on the ssd-read lane (see the module docstring)."""
 
     def __init__(
         self,
@@ -163,7 +163,7 @@ class Streamer:
         by then are load errors (vLLM recomputes them)."""
         job = item.job
         load = StreamedLoad(job, item.done, self._ssd.backend if self._ssd is not None else "")
-        unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the load thread yet
+        unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         try:
             rest = self._streamed(job)
             cpu_slots = tuple(m for m in job.chunks if m.slot not in self._ring)
@@ -224,7 +224,7 @@ class Streamer:
         promoted: Promoted | None,
         slots: Sequence[SlotId],
     ) -> None:
-        """Hand one part to the load thread; its staging ``slots`` are freed when it is done."""
+        """Hand one part to the gpu-load lane; its staging ``slots`` are freed when it is done."""
         part: Future[JobResult] = Future()
 
         def done(fut: Future[JobResult]) -> None:

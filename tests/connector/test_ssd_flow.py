@@ -224,7 +224,7 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots(
     manager = h.manager_side.manager
     assert manager.cpu.usage().pinned_or_moving == 0
     assert manager.ssd is not None and manager.ssd.usage().pinned_or_moving == 0
-    assert h.worker.handler._streamer._ring.idle()
+    assert h.worker.handler._reads.streamer._ring.idle()
     h.worker.shutdown()
 
 
@@ -255,7 +255,7 @@ def test_a_corrupt_streamed_chunk_is_recomputed_after_a_restart(tmp_path: Path, 
     t = totals(h2)
     assert t["ssd_read_failures"] == 1
     assert h2.manager_side.manager.cpu.usage().pinned_or_moving == 0
-    assert h2.worker.handler._streamer._ring.idle()
+    assert h2.worker.handler._reads.streamer._ring.idle()
     # the recomputed chunks were stored again: the next time, all of the prompt loads
     assert serve_again(h2, "third", prompt) == long * CHUNK
     assert totals(h2)["ssd_read_failures"] == 1
@@ -279,7 +279,7 @@ def nothing_held(h: Harness) -> bool:
         manager.cpu.usage().pinned_or_moving == 0
         and manager.ssd is not None
         and manager.ssd.usage().pinned_or_moving == 0
-        and h.worker.handler._streamer._ring.idle()
+        and h.worker.handler._reads.streamer._ring.idle()
         and not manager.has_jobs()
     )
 

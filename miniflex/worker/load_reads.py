@@ -1,0 +1,88 @@
+"""A LOAD's reads, chained over the remote-fetch and ssd-read lanes, then its GPU copies.
+
+A load whose chunks are not all in CPU slots reads them first: remote fetches
+into the slots the scheduler allocated, SSD promotions into others, and SSD
+chunks past the CPU tier through staging slots (``streams.py``). Each medium
+has its own lane (``lanes.py``), and the job goes from one to the next, skipping
+a lane it has nothing for::
+
+    remote-fetch ──► ssd-read ──► gpu-load
+         └───────────────────────────▲      (no SSD reads)
+
+Each lane adds what it read to the job's :data:`Promoted` (failed keys, SSD
+seconds, remote seconds). A failed key's blocks become load errors; reads
+that raise fail the whole job, and nothing of it is copied (vLLM recomputes
+its blocks). The handler queues a job here once every slot it reads into is
+free (:class:`~miniflex.worker.slot_guard.SlotGuard`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from miniflex.plan import RemoteCopy, SlotCopy
+from miniflex.ssd.copier import SSDCopier
+from miniflex.worker.job_runner import Promoted, QueuedJob, fail_unreported, failed_result
+from miniflex.worker.lanes import Lane
+from miniflex.worker.promotions import Promoter
+from miniflex.worker.streams import StagingRing, Streamer
+
+__all__ = ["LoadReads"]
+
+
+class LoadReads:
+    """The remote-fetch and ssd-read lanes of one rank; :meth:`bind` before the first job."""
+
+    def __init__(self, to_gpu: Callable[[QueuedJob], None]) -> None:
+        """``to_gpu``: queues a job whose reads are done for its GPU copies (gpu-load)."""
+        self._to_gpu = to_gpu
+        self.fetch = Lane[QueuedJob]("remote-fetch", self._run_fetch, fail_unreported)
+        self.ssd_read = Lane[QueuedJob]("ssd-read", self._run_ssd_read, fail_unreported)
+        self._ssd: SSDCopier | None = None
+        self._promoter = Promoter(None, None, True)
+        self.streamer = Streamer(None, StagingRing(0, 0), to_gpu)
+
+    def bind(self, promoter: Promoter, ssd: SSDCopier | None, ring: StagingRing) -> None:
+        """This rank's readers: its promoter, SSD store and staging slots."""
+        self._promoter, self._ssd = promoter, ssd
+        self.streamer = Streamer(ssd, ring, self._to_gpu)
+
+    def submit(self, item: QueuedJob) -> None:
+        """Read ``item``'s chunks, then queue its copies; its read slots are free."""
+        (self.fetch if item.job.remote else self.ssd_read).submit(item)
+
+    def _run_fetch(self, item: QueuedJob) -> None:
+        job = item.job
+        if (fetched := self._read(item, (), job.remote)) is None:
+            return
+        item = replace(item, promoted=fetched)
+        if job.promotions or job.streams:
+            self.ssd_read.submit(item)
+        else:
+            self._to_gpu(item)
+
+    def _run_ssd_read(self, item: QueuedJob) -> None:
+        if (read := self._read(item, item.job.promotions, ())) is None:
+            return
+        if item.promoted is not None:  # its remote fetches, done before
+            (f1, s1, r1), (f2, s2, r2) = item.promoted, read
+            read = (f1 | f2, s1 + s2, r1 + r2)
+        if item.job.streams:
+            self.streamer.run(item, read)  # the copies go part by part
+        else:
+            self._to_gpu(replace(item, promoted=read))
+
+    def _read(
+        self, item: QueuedJob, copies: Sequence[SlotCopy], fetches: Sequence[RemoteCopy]
+    ) -> Promoted | None:
+        """One lane's share of the job's reads; None: they raised, and the job is reported
+        failed."""
+        job, t0 = item.job, time.perf_counter()
+        try:
+            return self._promoter.promote(job.job_id, copies, fetches)
+        except Exception as exc:  # the worker boundary: report, never crash vLLM
+            io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
+            item.done.set_result(failed_result(job, exc, t0, io))
+            return None

@@ -1,0 +1,132 @@
+"""A load's remote fetches run on a lane of their own: a store that stalls mid-fetch holds
+up neither another request's SSD reads nor any GPU copy, and a load with both is copied
+only once both are read."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("redis")
+
+from miniflex.config import MiniFlexConfig
+from miniflex.plan import ChunkMove, JobId, JobKind, RemoteCopy, SlotCopy, TransferJob
+from miniflex.ranks import RankSetup
+from miniflex.remote.fetch import RemoteFetcher
+from miniflex.remote.local_server import LocalServer
+from miniflex.remote.tier import WorkerRemote
+from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
+from miniflex.worker.handler import MiniFlexHandler
+from tests.handler_steps import run_plan, wait_until
+from tests.remote.conftest import NEEDS_SERVER, NS_A, payload, store
+
+pytestmark = NEEDS_SERVER
+
+BLOCKS = 8
+ON_SSD, REMOTE = ChunkKey(21), ChunkKey(22)
+
+
+@pytest.fixture
+def handler(server: LocalServer, direct_dir: Path) -> Iterator[MiniFlexHandler]:
+    config = MiniFlexConfig(mover="cpu", ssd_dirs=(str(direct_dir),), ssd_bytes=1 << 20)
+    kv = {f"layer.{i}": torch.randn(BLOCKS, 1, 16, 128).to(torch.float16) for i in range(2)}
+    remote = WorkerRemote(store(server.url, NS_A), write_backlog=1 << 30)
+    h = MiniFlexHandler(config, remote)
+    h.register(kv, num_slots=4, blocks_per_chunk=1, setup=RankSetup(shard_digest=b"\x02" * 16))
+    yield h
+    h.shutdown()
+
+
+def gated_fetches(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold every remote fetch (a store stalled mid-reply) until the returned event is set."""
+    gate = threading.Event()
+    real = RemoteFetcher.fetch
+
+    def stalled(self: RemoteFetcher, copies: tuple[RemoteCopy, ...]) -> object:
+        assert gate.wait(10), "the test never opened the gate"
+        return real(self, copies)
+
+    monkeypatch.setattr(RemoteFetcher, "fetch", stalled)
+    return gate
+
+
+def on_ssd_and_remote(h: MiniFlexHandler) -> tuple[bytes, bytes]:
+    """Block 0's bytes written back to SSD as ``ON_SSD`` (via slot 0); another engine's
+    chunk put to the store as ``REMOTE``. Returns both chunks' bytes."""
+    assert h._pool is not None and h._remote is not None
+    block0 = (ChunkMove(SlotId(0), (BlockId(0),)),)
+    run_plan(h, 1, TransferJob(JobId(0), ReqId("a"), JobKind.STORE, block0))
+    h.drain()
+    demote = TransferJob(
+        JobId(1), None, JobKind.DEMOTE, (), demotions=(SlotCopy(ON_SSD, SlotId(0), 0),)
+    )
+    run_plan(h, 2, demote)
+    h.drain()
+    remote_bytes = payload(h._pool.slot_bytes, seed=REMOTE)
+    assert h._remote.store.put(REMOTE, remote_bytes)
+    return h._pool.slot(SlotId(0)).tobytes(), remote_bytes
+
+
+def load(i: int, req: str, block: int, slot: int, **reads: object) -> TransferJob:
+    chunk = ChunkMove(SlotId(slot), (BlockId(block),))
+    return TransferJob(JobId(i), ReqId(req), JobKind.LOAD, (chunk,), **reads)  # type: ignore[arg-type]
+
+
+def test_a_stalled_fetch_holds_up_neither_another_loads_ssd_read_nor_a_cpu_hit(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = handler
+    ssd_bytes, remote_bytes = on_ssd_and_remote(h)
+    gate = gated_fetches(monkeypatch)
+    try:
+        fetched = load(2, "b", block=4, slot=1, remote=(RemoteCopy(REMOTE, SlotId(1)),))
+        promoted = load(3, "c", block=5, slot=2, promotions=(SlotCopy(ON_SSD, SlotId(2), 0),))
+        cpu_hit = load(4, "d", block=6, slot=0)
+        run_plan(h, 3, fetched, promoted, cpu_hit)
+        wait_until(lambda: not h.in_flight(ReqId("c")) and not h.in_flight(ReqId("d")), "loads")
+        assert h.in_flight(ReqId("b")) == 1, "the stalled fetch's load finished"
+        assert h._pool is not None and h._pool.slot(SlotId(2)).tobytes() == ssd_bytes
+    finally:
+        gate.set()
+    h.drain()
+    assert h._pool.slot(SlotId(1)).tobytes() == remote_bytes
+    h.poll()
+    results = {r.job_id: r for r in h.take_results()}
+    assert all(results[JobId(i)].ok and not results[JobId(i)].failed_keys for i in (2, 3, 4))
+    assert results[JobId(2)].remote_seconds > 0 and results[JobId(3)].ssd_seconds > 0
+
+
+def test_a_load_with_fetches_and_ssd_reads_is_copied_once_both_are_read(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = handler
+    ssd_bytes, remote_bytes = on_ssd_and_remote(h)
+    copies: list[int] = []
+    real_load = h._mover.load  # type: ignore[union-attr]
+
+    def counted(chunks: tuple[ChunkMove, ...], after: object = None) -> int:
+        assert h._pool is not None
+        got = (h._pool.slot(SlotId(1)).tobytes(), h._pool.slot(SlotId(2)).tobytes())
+        assert got == (remote_bytes, ssd_bytes), "copied before both reads were done"
+        copies.append(len(chunks))
+        return real_load(chunks, after=after)
+
+    monkeypatch.setattr(h._mover, "load", counted)
+    both = TransferJob(
+        JobId(2),
+        ReqId("b"),
+        JobKind.LOAD,
+        (ChunkMove(SlotId(1), (BlockId(4),)), ChunkMove(SlotId(2), (BlockId(5),))),
+        promotions=(SlotCopy(ON_SSD, SlotId(2), 0),),
+        remote=(RemoteCopy(REMOTE, SlotId(1)),),
+    )
+    run_plan(h, 3, both)
+    h.drain()
+    h.poll()
+    (res,) = [r for r in h.take_results() if r.job_id == JobId(2)]
+    assert res.ok and not res.failed_block_ids and copies == [2]
+    assert res.ssd_seconds > 0 and res.remote_seconds > 0
