@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,16 +35,11 @@ from pathlib import Path
 from typing import IO
 
 from miniflex.errors import MiniFlexError
+from miniflex.remote.local_server import free_port
 
 __all__ = ["ServerProcess", "free_port"]
 
 START_TIMEOUT_S = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
