@@ -84,6 +84,11 @@ if ! "$PY" -c "$VERSIONS"; then
   echo "[run_h200] vLLM is not importable with $PY: put vLLM 0.26.0 on PYTHONPATH first" >&2
   exit 2
 fi
+if ! "$PY" -c "import crc32c" 2>/dev/null; then  # MiniFlex's checksums; not in vLLM's bundle
+  echo "[run_h200] crc32c is not importable with $PY: pip install crc32c, or source the" \
+    "env.sh of bench/stage_redis.sh's folder (it carries the wheel)" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 || true
 
 MODEL=bench/models/qwen3-8b-shape  # a part may run another: MODEL=... BATCHED=... run_part
