@@ -44,7 +44,7 @@ class JobKind(enum.Enum):
 class LoadTiming(enum.Enum):
     """When a LOAD job runs relative to the forward of its request.
 
-    * ``ASYNC``: on the worker's transfer thread; vLLM keeps the request
+    * ``ASYNC``: on the worker's gpu-load lane; vLLM keeps the request
       waiting until the worker reports it in ``finished_recving``, and computes
       it in a later step.
     * ``SYNC``: issued on vLLM's thread before the step's forward, which waits

@@ -358,7 +358,6 @@ class MiniFlexHandler:
             self.drain()
             for lane in self._lanes:
                 lane.close()
-        if self._pool is not None:
             if self._pinned:
                 pinning.unpin(self._pool.address)
             self._pool.close()

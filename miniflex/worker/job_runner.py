@@ -5,7 +5,7 @@ order. Any exception is caught here and reported as a failed job (a failed
 load's blocks become load errors, so vLLM recomputes them): the worker boundary.
 A rank that does not write its cache's bytes (a replicated cache's rank > 0)
 runs SSD writes as no-ops and reports them done. Stores are not run here: the
-store thread copies a plan's stores in one call (``store_batch.py``).
+gpu-store lane copies a plan's stores in one call (``store_batch.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Loads inside a step: issued on vLLM's thread before the forward, waited for per layer.
 
 A SYNC or LAYERWISE load job (``miniflex.plan.LoadTiming``) fills blocks that
-this very step's forward reads, so it cannot go through the transfer thread.
+this very step's forward reads, so it cannot go through the gpu-load lane.
 On one worker, per engine step, all on vLLM's thread:
 
 1. ``issue`` (from ``start_load_kv``, before the forward): one

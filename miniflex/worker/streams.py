@@ -6,7 +6,7 @@ the CPU tier's (:func:`miniflex.pool.stream_slots`), which the scheduler hands
 out in turn. On the ssd-read lane, :class:`Streamer` runs such a job in parts:
 
 1. the chunks in CPU slots (resident ones and promotions, read first) go to the
-   load thread as one copy;
+   gpu-load lane as one copy;
 2. the streamed chunks are read a window at a time (half the staging slots), and
    each window's copy goes to the gpu-load lane as soon as it has arrived, so the
    disk reads the next window while the GPU copies this one;
