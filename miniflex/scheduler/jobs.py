@@ -302,13 +302,13 @@ class DemoteRecord(JobRecord):
         return cls(job, num_workers, copies=list(copies))
 
     def observe(self, r: JobResult, ctx: CommitContext) -> None:
-        ctx.tiers.writeback.observe_writes(len(self.copies), r.seconds)
+        ctx.tiers.observe_writes(len(self.copies), r.seconds)
 
     def commit(self, ctx: CommitContext, st: ReqState | None) -> None:
         if not self.copies:  # remote puts only: nothing to publish
             return
         failed = self.failed_keys if self.ok else {c.key for c in self.copies}
-        ctx.tiers.writeback.complete_demotions(self.copies, failed)
+        ctx.tiers.complete_demotions(self.copies, failed)
         ctx.stats.demoted_chunks += len(self.copies) - len(failed)
         ctx.stats.ssd_write_failures += len(failed)
 

@@ -94,7 +94,7 @@ class MiniFlexManager:
             ssd_slots,
             step_tokens,
             max_model_len,
-            on_cpu_evict=self.puts.evicted if self.puts.mode == "back" else None,
+            keep_evictions=self.puts.mode == "back",
             stream_slots=stream_slots,
         )
         self._lookup = HitLookup(
@@ -294,13 +294,14 @@ class MiniFlexManager:
         self.advisor.on_step_times(times, self._reqs, self.stats)
 
     def _demote_job(self) -> TransferJob | None:
-        copies = self.tiers.writeback.take_demotions()
-        self.stats.demotions_skipped += self.tiers.writeback.take_skipped_demotions()
-        self.stats.demotions_declined += self.tiers.writeback.take_declined_demotions()
-        puts = self.puts.take_back(self.stats)
-        if not (copies or puts):
+        batch = self.tiers.take_demotions()
+        self.stats.demotions_skipped += batch.skipped
+        self.stats.demotions_declined += batch.declined
+        puts = self.puts.back(batch.evicted, self.stats)
+        if not (batch.copies or puts):
             return None
-        return self.jobs.add(DemoteRecord.plan(self.jobs.next_id(), copies, puts, self.num_workers))
+        rec = DemoteRecord.plan(self.jobs.next_id(), batch.copies, puts, self.num_workers)
+        return self.jobs.add(rec)
 
     def _load_job(self, req_id: ReqId) -> TransferJob | None:
         st = self._reqs.get(req_id)
@@ -381,7 +382,6 @@ class MiniFlexManager:
         """Forget every chunk in every tier; the workers clear their SSD stores in plan order."""
         if self.ssd is not None:
             self._clear_ssd = True
-        self.puts.clear()
         return self.tiers.clear()
 
     def has_jobs(self) -> bool:
@@ -392,8 +392,7 @@ class MiniFlexManager:
             or self._release_next
             or self._stores.waiting
             or self._clear_ssd
-            or self.tiers.writeback.has_demotions()
-            or self.puts.pending
+            or self.tiers.has_demotions()
         )
 
     def has_pending_frees(self) -> bool:

@@ -33,7 +33,7 @@ def manager_status(m: MiniFlexManager) -> dict[str, Any]:
         "remote": m.remote.status() if m.remote is not None else None,
         "requests_tracked": m.num_requests,
         "jobs_in_flight": len(m.jobs),
-        "ssd_write_backlog": m.tiers.writeback.backlog,
+        "ssd_write_backlog": m.tiers.write_backlog,
         "totals": TransferStats().merge(m.totals).merge(m.stats).as_counters(),
     }
 
@@ -44,7 +44,7 @@ def _cost_model(m: MiniFlexManager) -> dict[str, Any]:
     return {
         "hit_policy": m.config.hit_policy,
         "calibrated": cost.calibrated,
-        "ssd_admits": m.tiers.writeback.ssd_pays_off if m.ssd is not None else None,
+        "ssd_admits": m.tiers.ssd_admits if m.ssd is not None else None,
         "observed_steps": cost.observed_steps,
         "load_GBps": {t.name.lower(): bw / 1e9 for t, bw in cost.bandwidth.items()},
         "layerwise_load_GBps": None

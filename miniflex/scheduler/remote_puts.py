@@ -5,20 +5,22 @@ asynchronously, never awaited by a job's result):
 
 * ``through``: a STORE job's chunks, once the workers have copied them into CPU
   slots (:meth:`RemotePuts.through`);
-* ``back``: the chunks the CPU tier evicts, queued here by the tier stack's eviction
-  hook (:meth:`RemotePuts.evicted`, while the slot still holds the chunk) and sent in
-  the plan's first job, a DEMOTE (:meth:`RemotePuts.take_back`): the worker copies
-  each slot before any later job of the plan overwrites it;
+* ``back``: the chunks the CPU tier evicts, as the tier stack's
+  :class:`~miniflex.tiers.writeback.DemotionBatch` lists them (while each slot still
+  holds its chunk), sent in the plan's first job, a DEMOTE (:meth:`RemotePuts.back`):
+  the worker copies each slot before any later job of the plan overwrites it;
 * ``off``, or no remote tier: nothing.
 
 Example::
 
     puts = RemotePuts("back")
-    stack = TierStack(..., on_cpu_evict=puts.evicted)
-    job_puts = puts.take_back(stats)   # RemoteCopy per evicted chunk, counted
+    stack = TierStack(..., keep_evictions=puts.mode == "back")
+    job_puts = puts.back(stack.take_demotions().evicted, stats)  # counted RemoteCopy each
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from miniflex.plan import RemoteCopy
 from miniflex.stats import TransferStats
@@ -35,16 +37,15 @@ class RemotePuts:
         ``chunk_bytes``: a chunk's KV bytes on all ranks together (counted per put)."""
         self.mode = mode
         self.chunk_bytes = chunk_bytes
-        self._back: list[RemoteCopy] = []  # evicted from CPU, to put (mode back)
 
-    def evicted(self, key: ChunkKey, slot: SlotId) -> None:
-        """The CPU tier's eviction hook: with ``back``, put the chunk before its slot is reused."""
-        if self.mode == "back":
-            self._back.append(RemoteCopy(key, slot))
-
-    def take_back(self, stats: TransferStats) -> tuple[RemoteCopy, ...]:
-        """The write-back puts queued since the last call (counted in ``stats``)."""
-        out, self._back = tuple(self._back), []
+    def back(
+        self, evicted: Sequence[tuple[ChunkKey, SlotId]], stats: TransferStats
+    ) -> tuple[RemoteCopy, ...]:
+        """With ``back``, a put of each chunk the CPU tier ``evicted`` (``(key, slot)``, the
+        slot still holding it), counted in ``stats``; otherwise none."""
+        if self.mode != "back":
+            return ()
+        out = tuple(RemoteCopy(key, slot) for key, slot in evicted)
         stats.remote_puts += len(out)
         stats.remote_put_bytes += len(out) * self.chunk_bytes
         return out
@@ -56,12 +57,3 @@ class RemotePuts:
         stats.remote_puts += chunks
         stats.remote_put_bytes += chunks * self.chunk_bytes
         return True
-
-    @property
-    def pending(self) -> bool:
-        """Write-back puts wait for the next plan."""
-        return bool(self._back)
-
-    def clear(self) -> None:
-        """A reset: the queued write-back puts are dropped (pre-reset bytes are never put)."""
-        self._back.clear()

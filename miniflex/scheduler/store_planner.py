@@ -126,7 +126,7 @@ class StorePlanner:
     def _may_wait(self, st: ReqState, progress: bool) -> bool:
         """Whether chunks that found no CPU slot wait for one (see :meth:`_plan`);
         ``progress``: some were placed just now (the wait starts again)."""
-        if not self._tiers.writeback.takes_chunks:
+        if not self._tiers.ssd_takes_chunks:
             st.store_waits_since = None
             return False
         now = time.monotonic()

@@ -3,14 +3,12 @@ and to the remote tier's write-back (``remote_write=back``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from miniflex.config import MiniFlexConfig
 from miniflex.cost import CostModel
 from miniflex.keys import Namespace
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.tiers import TierStack
-from miniflex.types import ChunkKey, SlotId, Tier
+from miniflex.types import Tier
 
 __all__ = ["EngineCosts", "build_tiers"]
 
@@ -24,14 +22,14 @@ def build_tiers(
     ssd_slots: int,
     step_tokens: int,
     max_model_len: int,
-    on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+    keep_evictions: bool = False,
     stream_slots: int = 0,
 ) -> TierStack:
     """The CPU tier of ``num_slots`` over an SSD tier of ``ssd_slots`` (0: none).
     ``step_tokens``: vLLM's ``max_num_batched_tokens`` (0: unknown); ``max_model_len``:
-    the longest prompt (its last chunk costs most to recompute); ``on_cpu_evict``: told of
-    every chunk the CPU tier evicts, while its slot holds it (the remote tier's write-back,
-    :mod:`miniflex.scheduler.remote_puts`); ``stream_slots``: the workers' staging slots
+    the longest prompt (its last chunk costs most to recompute); ``keep_evictions``: list
+    every chunk the CPU tier evicts in the stack's demotion batches (the remote tier's
+    write-back, :mod:`miniflex.scheduler.remote_puts`); ``stream_slots``: the workers' staging slots
     for SSD reads past the CPU tier (0: none)."""
     step_chunks = -(-step_tokens // ns.chunk_tokens)
     with_ssd = ssd_slots > 0 and cost.chunk_bytes > 0
@@ -43,7 +41,7 @@ def build_tiers(
         write_through=config.ssd_write == "through",
         max_writeback=_writeback_chunks(config, num_slots, cost.chunk_bytes, step_chunks),
         costs=EngineCosts(cost, advisor, max_model_len),
-        on_cpu_evict=on_cpu_evict,
+        keep_evictions=keep_evictions,
         # until writes are seen: as fast as reads
         write_seconds=cost.chunk_bytes / cost.bandwidth[Tier.SSD] if with_ssd else None,
         stream_slots=stream_slots,

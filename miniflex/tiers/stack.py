@@ -12,7 +12,10 @@ It decides where every chunk goes and never touches bytes:
   staging slots (numbered after the CPU tier's, reused in turn) and copied to
   the GPU from there, never entering the CPU tier.
 * **Demotion** (write-back) of the chunks the CPU tier evicts, and **admission**
-  to SSD: :class:`~miniflex.tiers.writeback.WriteBack` (``stack.writeback``).
+  to SSD: :class:`~miniflex.tiers.writeback.WriteBack`. Its results come out as data:
+  :meth:`TierStack.take_demotions` gives one
+  :class:`~miniflex.tiers.writeback.DemotionBatch` (the copies to write, and the evicted
+  chunks for the remote tier), :meth:`TierStack.complete_demotions` takes its outcome.
 * Every change is two-phase like :class:`SlotTier`'s: a chunk is visible in a
   tier only once its bytes are known to be there.
 
@@ -21,8 +24,8 @@ Example::
     stack = TierStack(cpu_slots=4, ssd_slots=8)  # writes back one chunk at a time
     stack.complete_store(stack.prepare_store([a, b, c]), ok=True)  # a slot is still free
     stack.complete_store(stack.prepare_store([d]), ok=True)  # the last one: write ahead
-    copies = stack.writeback.take_demotions()  # [SlotCopy(a, cpu=0, ssd=0)]; a still in CPU
-    stack.writeback.complete_demotions(copies, failed=set())  # a on SSD only; its slot free
+    batch = stack.take_demotions()  # batch.copies: [SlotCopy(a, cpu=0, ssd=0)]; a still in CPU
+    stack.complete_demotions(batch.copies, failed=set())  # a on SSD only; its slot free
 """
 
 from __future__ import annotations
@@ -34,11 +37,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from miniflex.index import keys_to_array
+from miniflex.plan import SlotCopy
 from miniflex.tiers.slot_tier import SlotTier
-from miniflex.tiers.writeback import WRITE_WAIT_S, FixedCosts, WriteBack, WriteBackCosts
+from miniflex.tiers.writeback import (
+    WRITE_WAIT_S,
+    DemotionBatch,
+    FixedCosts,
+    WriteBack,
+    WriteBackCosts,
+)
 from miniflex.types import ChunkKey, SlotId, Tier
 
-__all__ = ["WRITE_WAIT_S", "ChunkSource", "TierStack"]
+__all__ = ["WRITE_WAIT_S", "ChunkSource", "DemotionBatch", "TierStack"]
 
 
 @dataclass(frozen=True)
@@ -75,15 +85,15 @@ class TierStack:
         max_writeback: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         costs: WriteBackCosts | None = None,
-        on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+        keep_evictions: bool = False,
         write_seconds: float | None = None,
         stream_slots: int = 0,
     ) -> None:
         """``max_writeback``: chunks being written back at once (None: a quarter of the CPU
         slots, at least 1). ``clock``: seconds, for the write-back predictions; ``costs``:
         what write-back and admission ask of the cost model (None: :class:`FixedCosts`,
-        nothing known); ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU,
-        while its slot still holds it (the remote tier's write-back); ``write_seconds``:
+        nothing known); ``keep_evictions``: list every chunk evicted from CPU in the next
+        :class:`DemotionBatch` (the remote tier's write-back); ``write_seconds``:
         a chunk's write until writes are seen (None: unknown); ``stream_slots``: the
         workers' staging slots for streamed SSD reads (0: none, loads are capped at
         :attr:`max_load_chunks`)."""
@@ -96,7 +106,7 @@ class TierStack:
             max(1, cpu_slots // 4 if max_writeback is None else max_writeback),
             costs if costs is not None else FixedCosts(),
             clock,
-            on_cpu_evict,
+            keep_evictions,
             write_seconds,
         )
         self.cpu = SlotTier(
@@ -276,13 +286,52 @@ class TierStack:
         if ok:
             self.writeback.stored(placed)
 
+    # ---- write-back ----
+    def take_demotions(self) -> DemotionBatch:
+        """What the CPU tier's evictions left to do since the last call: send the batch's
+        copies (and its evicted chunks' puts) as the plan's first job."""
+        return self.writeback.take_batch()
+
+    def complete_demotions(self, copies: Sequence[SlotCopy], failed: set[ChunkKey]) -> None:
+        """The workers wrote ``copies`` except ``failed`` (disk full, I/O error; freed):
+        publish the others on SSD and free their CPU slots."""
+        self.writeback.complete_demotions(copies, failed)
+
+    def observe_writes(self, chunks: int, seconds: float) -> None:
+        """A worker wrote a batch of ``chunks`` in ``seconds``: the write-back's speed."""
+        self.writeback.observe_writes(chunks, seconds)
+
+    def has_demotions(self) -> bool:
+        """Whether a batch waits: copies to send, or evicted chunks to put."""
+        return self.writeback.has_demotions()
+
+    @property
+    def write_backlog(self) -> int:
+        """Chunks on their way to SSD, not reported written yet."""
+        return self.writeback.backlog
+
+    @property
+    def disk_keeps_up(self) -> bool:
+        """Whether SSD writes a chunk faster than recomputing one takes, as seen so far."""
+        return self.writeback.disk_keeps_up
+
+    @property
+    def ssd_takes_chunks(self) -> bool:
+        """Whether the SSD tier takes the chunks stored now (write-through, or admitted)."""
+        return self.writeback.takes_chunks
+
+    @property
+    def ssd_admits(self) -> bool:
+        """Whether admission lets evicted chunks onto SSD (see :mod:`~miniflex.tiers.admission`)."""
+        return self.writeback.ssd_pays_off
+
     # ---- maintenance ----
     def clear(self) -> int:
         """Drop every chunk of every tier (chunks being moved never publish); returns how many.
 
         Copies to SSD not yet sent are dropped too: sent after the reset, they
-        would journal pre-reset bytes that a restart would serve.
+        would journal pre-reset bytes that a restart would serve (and evictions not
+        taken yet are never put to the remote store).
         """
-        if self.ssd is not None:
-            self.writeback.drop_pending()
+        self.writeback.drop_pending()
         return self.cpu.clear() + (self.ssd.clear() if self.ssd is not None else 0)

@@ -14,7 +14,7 @@
   writes a chunk faster than recomputing one takes, both as seen so far: then
   every queued write costs less than the chunk it saves), or else if that write
   is predicted to be done within the ``wait_budget``. Otherwise the victim is
-  dropped unwritten (counted, see :meth:`TierStack.take_skipped_demotions`):
+  dropped unwritten (counted, see :class:`DemotionBatch`):
   on a disk slower than recomputing, a store never waits for it longer than
   that. When every other CPU slot is pinned the same rule decides between
   waiting and losing the chunk being placed. A server meets that case whenever
@@ -51,7 +51,7 @@ from miniflex.tiers.admission import SSDAdmission
 from miniflex.tiers.slot_tier import SlotTier
 from miniflex.types import ChunkKey, SlotId
 
-__all__ = ["WRITE_WAIT_S", "FixedCosts", "WriteBack", "WriteBackCosts"]
+__all__ = ["WRITE_WAIT_S", "DemotionBatch", "FixedCosts", "WriteBack", "WriteBackCosts"]
 
 WRITE_WAIT_S = 0.005
 """Default ``wait_budget``: the longest predicted wait for a write-back that making room
@@ -104,6 +104,28 @@ class FixedCosts:
         return self.ssd_read
 
 
+@dataclass(frozen=True)
+class DemotionBatch:
+    """What the CPU tier's evictions left to do since the last batch: the data a DEMOTE job
+    is planned from (see :meth:`TierStack.take_demotions`)."""
+
+    copies: tuple[SlotCopy, ...] = ()
+    """CPU->SSD writes to send, as one job ahead of any other; each CPU slot stays pinned
+    and readable until the write is reported (:meth:`TierStack.complete_demotions`)."""
+    evicted: tuple[tuple[ChunkKey, SlotId], ...] = ()
+    """Every chunk evicted from CPU, with the slot that still holds it until a later job of
+    the same plan may overwrite it (listed only where the stack keeps evictions: the remote
+    tier's write-back puts them)."""
+    skipped: int = 0
+    """Evicted unwritten: ``max_writeback`` chunks were being written already."""
+    declined: int = 0
+    """Evicted unwritten: admission found the disk slower than recompute."""
+
+    def __bool__(self) -> bool:
+        """Whether a job is needed: copies to write or evicted chunks to put."""
+        return bool(self.copies or self.evicted)
+
+
 class WriteBack:
     """Demotions (CPU->SSD copies of evicted chunks), their timing, and admission to SSD."""
 
@@ -114,20 +136,20 @@ class WriteBack:
         max_writeback: int,
         costs: WriteBackCosts,
         clock: Callable[[], float] = time.monotonic,
-        on_cpu_evict: Callable[[ChunkKey, SlotId], None] | None = None,
+        keep_evictions: bool = False,
         write_seconds: float | None = None,
     ) -> None:
         """``ssd``: the SSD tier (None: none, nothing is written); ``max_writeback``: chunks
         being written back at once; ``clock``: seconds, for the predictions;
-        ``on_cpu_evict(key, slot)``: told of every chunk evicted from CPU while its slot
-        still holds it (the remote tier's write-back); ``write_seconds``: the estimate of a
+        ``keep_evictions``: list every chunk evicted from CPU in the next batch's
+        ``evicted`` (the remote tier's write-back); ``write_seconds``: the estimate of a
         chunk's write until writes are seen (None: none). :meth:`bind` the CPU tier next."""
         self.ssd = ssd
         self.write_through = write_through and ssd is not None
         self.max_writeback = max_writeback
         self._costs = costs
         self._clock = clock
-        self._on_cpu_evict = on_cpu_evict
+        self._evicted: list[tuple[ChunkKey, SlotId]] | None = [] if keep_evictions else None
         self.admission = (
             SSDAdmission(
                 costs.ssd_chunk_seconds,
@@ -162,6 +184,19 @@ class WriteBack:
         assert self.cpu is not None, "bind() the CPU tier first"
         return self.cpu
 
+    def take_batch(self) -> DemotionBatch:
+        """What write-back did since the last call, as one :class:`DemotionBatch` (its
+        ``copies`` as :meth:`take_demotions` gives them)."""
+        evicted: tuple[tuple[ChunkKey, SlotId], ...] = ()
+        if self._evicted:
+            evicted, self._evicted = tuple(self._evicted), []
+        return DemotionBatch(
+            tuple(self.take_demotions()),
+            evicted,
+            self.take_skipped_demotions(),
+            self.take_declined_demotions(),
+        )
+
     def take_demotions(self) -> list[SlotCopy]:
         """The CPU->SSD copies queued since the last call; send them before any other job,
         as one job.
@@ -188,7 +223,8 @@ class WriteBack:
             )
 
     def has_demotions(self) -> bool:
-        return bool(self._demotions)
+        """Whether the next batch holds work: copies to send or evicted chunks to put."""
+        return bool(self._demotions or self._evicted)
 
     def complete_demotions(self, copies: Sequence[SlotCopy], failed: set[ChunkKey]) -> None:
         """Publish the chunks written to SSD; ``failed`` ones (disk full, I/O error) are freed."""
@@ -237,7 +273,11 @@ class WriteBack:
     def drop_pending(self) -> None:
         """A reset: copies not yet sent are dropped (sent after the reset, they would
         journal pre-reset bytes that a restart would serve); writes in flight never
-        publish."""
+        publish. Evicted chunks not taken yet are dropped too (never put)."""
+        if self._evicted:
+            self._evicted.clear()
+        if self.ssd is None:
+            return
         pending, self._demotions = self._demotions, []
         self.complete_demotions(pending, {c.key for c in pending})
         self._taken_early.clear()
@@ -286,8 +326,8 @@ class WriteBack:
     def demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
         """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
         True: it is being written (its CPU slot is freed when that is done)."""
-        if self._on_cpu_evict is not None:
-            self._on_cpu_evict(key, cpu_slot)
+        if self._evicted is not None:
+            self._evicted.append((key, cpu_slot))
         if self.ssd is None or self.write_through:
             return False
         if key in self.ssd or self.ssd.is_storing(key):

@@ -155,11 +155,11 @@ def test_a_chunk_that_leaves_cpu_before_its_write_back_lands_keeps_its_descripti
     events.describe("r", p.keys, p.hashes, p.tokens, upto=3)
     store(stack, p.keys[:1])
     store(stack, p.keys[1:2])  # the CPU tier is full: the older chunk starts its write-back
-    copies = stack.writeback.take_demotions()
+    copies = stack.take_demotions().copies
     assert [c.key for c in copies] == [p.keys[0]]
     store(stack, p.keys[2:])  # takes the slot of the chunk being written (reclaim)
     assert p.keys[0] not in stack.cpu, "the slot was not reclaimed: the test proves nothing"
-    stack.writeback.complete_demotions(copies, failed=set())
+    stack.complete_demotions(copies, failed=set())
     assert p.keys[0] in stack.ssd
     changes = events.take()
     landed = [c for c in changes if c.stored and c.tier is Tier.SSD]

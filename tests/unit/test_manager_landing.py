@@ -33,11 +33,11 @@ def landing_first_chunk(tmp_path: Path, **settings: object) -> tuple[MiniFlexMan
     )
     m = MiniFlexManager(config, NS, num_slots=CHUNKS, ssd_slots=16, chunk_bytes=4096)
     m.cost.observe_step(2048, 2048 * 1024.0, 1.0)  # recomputing a chunk: about 8 ms
-    m.tiers.writeback.observe_writes(chunks=1, seconds=0.001)  # the disk keeps up
+    m.tiers.observe_writes(chunks=1, seconds=0.001)  # the disk keeps up
     m.tiers.complete_store(m.tiers.prepare_store(KEYS[:1]), ok=True)  # k0 before the rest
     m.tiers.complete_store(m.tiers.prepare_store(KEYS[1:-1]), ok=True)
     m.tiers.complete_store(m.tiers.prepare_store(KEYS[-1:]), ok=True)  # k0's write-back starts
-    copies = m.tiers.writeback.take_demotions()
+    copies = m.tiers.take_demotions().copies
     assert [c.key for c in copies] == [KEYS[0]]
     other = chunk_key(NS, b"\xff" * 32)
     m.tiers.complete_store(m.tiers.prepare_store([other]), ok=True)  # takes k0's slot
@@ -48,9 +48,7 @@ def landing_first_chunk(tmp_path: Path, **settings: object) -> tuple[MiniFlexMan
 def test_a_lookup_waits_for_a_landing_chunk_where_the_disk_keeps_up(tmp_path: Path) -> None:
     m, copies = landing_first_chunk(tmp_path)
     assert m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens is None  # vLLM asks again next step
-    m.tiers.writeback.complete_demotions(
-        copies, failed=set()
-    )  # the write is reported: k0 is on SSD
+    m.tiers.complete_demotions(copies, failed=set())  # the write is reported: k0 is on SSD
     # from SSD, then CPU: as much as the CPU tier can stage at once (3 of its 4 slots)
     assert (
         m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == m.tiers.max_load_chunks * NS.chunk_tokens
@@ -60,8 +58,8 @@ def test_a_lookup_waits_for_a_landing_chunk_where_the_disk_keeps_up(tmp_path: Pa
 
 def test_a_lookup_does_not_wait_for_a_disk_slower_than_recompute(tmp_path: Path) -> None:
     m, _ = landing_first_chunk(tmp_path)
-    m.tiers.writeback.observe_writes(chunks=1, seconds=1.0)  # now the disk writes a chunk in 0.3 s
-    assert not m.tiers.writeback.disk_keeps_up
+    m.tiers.observe_writes(chunks=1, seconds=1.0)  # now the disk writes a chunk in 0.3 s
+    assert not m.tiers.disk_keeps_up
     assert m.lookup(ReqId("r"), HASHES, TOKENS, 0).tokens == 0  # recomputed, no wait
 
 

@@ -142,15 +142,13 @@ def test_over_a_slow_disk_the_cpu_tier_keeps_every_slot_and_evicts_without_writi
     assert stack.max_load_chunks == 4  # no slot kept for write-back
     store(stack, [k(4)])  # evicts k(0), the probe write (kept until written), then k(1)
     store(stack, [k(5)])  # evicts k(2), dropped unwritten
-    copies = stack.writeback.take_demotions()
+    batch = stack.take_demotions()
+    copies = batch.copies
     assert [c.key for c in copies] == [k(0)]
-    assert (
-        stack.writeback.take_declined_demotions() == 2
-        and stack.writeback.take_declined_demotions() == 0
-    )
+    assert batch.declined == 2 and stack.take_demotions().declined == 0
     assert stack.match([k(1)]) == 0 and stack.match([k(2)]) == 0
     assert stack.match([k(3), k(4), k(5)]) == 3
-    stack.writeback.complete_demotions(copies, set())
+    stack.complete_demotions(copies, set())
     assert stack.match([k(0)]) == 1 and stack.cpu.free_slots == 1  # on SSD; its slot free
 
 
@@ -162,7 +160,7 @@ def test_before_the_fit_only_a_rough_figure_past_the_line_keeps_every_cpu_slot(r
         store(stack, [k(i)])
     held_back = rough == 0.003  # a read takes 2.3 of it
     assert stack.max_load_chunks == (4 if held_back else 2)
-    written_ahead = [c.key for c in stack.writeback.take_demotions()]
+    written_ahead = [c.key for c in stack.take_demotions().copies]
     assert written_ahead == ([] if held_back else [k(0), k(1)])
 
 
@@ -172,10 +170,10 @@ def test_write_back_resumes_once_the_disk_pays_off_again() -> None:
     for i in range(4):
         store(stack, [k(i)])
     disk.read = 0.001  # measured faster (writes seen, or reads), and for a while
-    assert not stack.writeback.ssd_pays_off  # not at once
+    assert not stack.ssd_admits  # not at once
     disk.now = 3 * SMOOTH_S
     store(stack, [k(4)])  # evicts k(0) and writes ahead until 2 slots are free or written
-    assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1)]
+    assert [c.key for c in stack.take_demotions().copies] == [k(0), k(1)]
     assert stack.max_load_chunks == 2
 
 
@@ -209,5 +207,5 @@ def test_write_through_writes_every_chunk_however_slow_the_disk() -> None:
     disk = Disk(read=0.050, recompute=0.003, rough=0.003)
     stack = disk.stack(cpu_slots=4, ssd_slots=8, write_through=True)
     store(stack, [k(0), k(1), k(2)])
-    assert [c.key for c in stack.writeback.take_demotions()] == [k(0), k(1), k(2)]
-    assert stack.writeback.take_declined_demotions() == 0
+    batch = stack.take_demotions()
+    assert [c.key for c in batch.copies] == [k(0), k(1), k(2)] and batch.declined == 0

@@ -19,9 +19,9 @@ def store(stack: TierStack, keys: list[ChunkKey]) -> list[tuple[ChunkKey, SlotId
     return placed
 
 
-def demote_all(stack: TierStack, failed: set[ChunkKey] | None = None) -> list[SlotCopy]:
-    copies = stack.writeback.take_demotions()
-    stack.writeback.complete_demotions(copies, failed or set())
+def demote_all(stack: TierStack, failed: set[ChunkKey] | None = None) -> tuple[SlotCopy, ...]:
+    copies = stack.take_demotions().copies
+    stack.complete_demotions(copies, failed or set())
     return copies
 
 
@@ -33,17 +33,15 @@ def pinned(stack: TierStack) -> tuple[int, int]:
 def test_write_back_starts_ahead_of_need_and_the_chunk_stays_readable_until_written() -> None:
     stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1)
     placed = store(stack, [k(0), k(1), k(2)])
-    assert stack.writeback.take_demotions() == []  # one slot is still free
+    assert stack.take_demotions().copies == ()  # one slot is still free
     store(stack, [k(3)])  # takes it: the least recently used chunk starts its write-back
-    (copy,) = (
-        stack.writeback.take_demotions()
-    )  # the tail of the older prefix: its head stays useful
+    (copy,) = stack.take_demotions().copies  # the tail of the older prefix: its head stays useful
     assert copy.key == k(2) and copy.cpu == dict(placed)[k(2)]
     assert k(2) in stack.cpu and stack.match([k(2)]) == 1  # still served from CPU
     assert stack.writeback.writing_back == 1 and stack.cpu.free_slots == 0
-    assert stack.writeback.backlog == 1  # what /metrics shows as the write-back backlog
-    stack.writeback.complete_demotions([copy], set())
-    assert stack.writeback.backlog == 0
+    assert stack.write_backlog == 1  # what /metrics shows as the write-back backlog
+    stack.complete_demotions([copy], set())
+    assert stack.write_backlog == 0
     assert stack.ssd is not None and k(2) in stack.ssd and k(2) not in stack.cpu
     assert stack.cpu.free_slots == 1  # the next store takes it without waiting
     assert stack.match([k(0), k(1), k(2), k(3)]) == 4  # a prefix across both tiers
@@ -58,7 +56,7 @@ def full_over_a_slow_disk(now: list[float], cpu_slots: int, max_writeback: int) 
         max_writeback=max_writeback,
         clock=lambda: now[0],
     )
-    stack.writeback.observe_writes(chunks=2, seconds=2.0)
+    stack.observe_writes(chunks=2, seconds=2.0)
     for i in range(cpu_slots):
         store(stack, [k(i)])
     return stack
@@ -67,7 +65,7 @@ def full_over_a_slow_disk(now: list[float], cpu_slots: int, max_writeback: int) 
 def test_past_max_writeback_a_store_waits_only_for_a_write_predicted_to_end_soon() -> None:
     now = [0.0]
     stack = full_over_a_slow_disk(now, cpu_slots=4, max_writeback=1)  # k(0) is being written
-    (copy,) = stack.writeback.take_demotions()  # sent at t=0: predicted to end at t=1
+    (copy,) = stack.take_demotions().copies  # sent at t=0: predicted to end at t=1
     store(stack, [k(4)])  # k(0)'s write is a second away: k(1) is evicted unwritten
     assert (
         stack.writeback.take_skipped_demotions() == 1
@@ -78,8 +76,8 @@ def test_past_max_writeback_a_store_waits_only_for_a_write_predicted_to_end_soon
     store(stack, [k(5)])
     assert stack.writeback.take_skipped_demotions() == 0
     assert k(0) not in stack.cpu and k(5) in stack.cpu
-    assert [c.key for c in stack.writeback.take_demotions()] == [k(2)]  # written ahead, as always
-    stack.writeback.complete_demotions([copy], set())  # k(0) reaches SSD; its old slot is k(5)'s
+    assert [c.key for c in stack.take_demotions().copies] == [k(2)]  # written ahead, as always
+    stack.complete_demotions([copy], set())  # k(0) reaches SSD; its old slot is k(5)'s
     assert stack.match([k(0)]) == 1 and k(5) in stack.cpu
 
 
@@ -88,7 +86,7 @@ def test_every_write_back_of_a_job_is_predicted_to_end_with_the_whole_job() -> N
     # slot is no sooner free than the last one's.
     now = [0.0]
     stack = full_over_a_slow_disk(now, cpu_slots=6, max_writeback=2)  # k(0), k(1) being written
-    copies = stack.writeback.take_demotions()  # one job of two chunks, sent at t=0: done at t=2
+    copies = stack.take_demotions().copies  # one job of two chunks, sent at t=0: done at t=2
     assert [c.key for c in copies] == [k(0), k(1)]
     now[0] = 1.0  # k(0) alone would be written by now, but its job is not
     store(stack, [k(6)])
@@ -108,18 +106,16 @@ def test_past_max_writeback_a_disk_that_keeps_up_is_always_waited_for() -> None:
         clock=lambda: 0.0,
         costs=FixedCosts(recompute=0.03),
     )
-    stack.writeback.observe_writes(
-        chunks=4, seconds=4 * 0.01
-    )  # a chunk in a third of its recompute
-    assert stack.writeback.disk_keeps_up
+    stack.observe_writes(chunks=4, seconds=4 * 0.01)  # a chunk in a third of its recompute
+    assert stack.disk_keeps_up
     for i in range(4):
         store(stack, [k(i)])  # the last one starts k(0)'s write-back, not sent yet
     store(stack, [k(4)])  # the backlog is full: k(4) takes k(0)'s slot, k(1) is not dropped
     assert stack.writeback.take_skipped_demotions() == 0 and stack.writeback.landing(k(0))
     assert stack.match([k(1), k(2), k(3), k(4)]) == 4
-    copies = stack.writeback.take_demotions()
+    copies = stack.take_demotions().copies
     assert [c.key for c in copies][:1] == [k(0)]  # its write goes out before the store
-    stack.writeback.complete_demotions(copies, set())
+    stack.complete_demotions(copies, set())
     assert stack.match([k(0)]) == 1
 
 
@@ -128,11 +124,11 @@ def test_a_reclaimed_chunk_is_landing_until_its_write_is_reported() -> None:
     stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=1, clock=lambda: now[0])
     for i in range(4):
         store(stack, [k(i)])  # k(0) is being written back
-    (copy,) = stack.writeback.take_demotions()  # no write speed seen: predicted done at once
+    (copy,) = stack.take_demotions().copies  # no write speed seen: predicted done at once
     assert not stack.writeback.landing(k(0))  # still served from CPU
     store(stack, [k(4)])  # takes k(0)'s slot
     assert stack.writeback.landing(k(0)) and stack.match([k(0)]) == 0  # readable nowhere for now
-    stack.writeback.complete_demotions([copy], set())
+    stack.complete_demotions([copy], set())
     assert not stack.writeback.landing(k(0)) and stack.match([k(0)]) == 1
 
 
@@ -145,10 +141,10 @@ def _all_but_one_slot_pinned(write_s: float, recompute_s: float) -> tuple[TierSt
         clock=lambda: 0.0,
         costs=FixedCosts(recompute=recompute_s),
     )
-    stack.writeback.observe_writes(chunks=1, seconds=write_s)
+    stack.observe_writes(chunks=1, seconds=write_s)
     for i in range(4):
         store(stack, [k(i)])
-    (copy,) = stack.writeback.take_demotions()
+    (copy,) = stack.take_demotions().copies
     stack.acquire([k(1), k(2), k(3)])
     return stack, copy
 
@@ -159,16 +155,16 @@ def test_with_every_other_slot_pinned_a_store_waits_for_a_disk_that_keeps_up() -
     assert placed == [(k(4), copy.cpu)] and stack.writeback.landing(k(0))
     assert stack.writeback.take_skipped_demotions() == 0
     stack.complete_store(placed, ok=True)
-    stack.writeback.complete_demotions([copy], set())
+    stack.complete_demotions([copy], set())
     assert stack.match([k(0)]) == 1 and k(4) in stack.cpu
 
 
 def test_with_every_other_slot_pinned_a_store_does_not_wait_for_a_slow_disk() -> None:
     stack, copy = _all_but_one_slot_pinned(write_s=10.0, recompute_s=0.03)
-    assert not stack.writeback.disk_keeps_up
+    assert not stack.disk_keeps_up
     assert stack.prepare_store([k(4)]) == []  # the write ends in 10 s: not worth it
     assert not stack.writeback.landing(k(0)) and k(0) in stack.cpu
-    stack.writeback.complete_demotions([copy], set())
+    stack.complete_demotions([copy], set())
     assert stack.prepare_store([k(4)]) != []  # written: its slot is free
 
 
@@ -176,7 +172,7 @@ def test_back_to_back_stores_take_slots_of_writes_not_sent_yet_rather_than_lose_
     # A server's next prompt is scheduled while the previous one's store is in flight: its
     # chunks are pinned, and the chunks evicted for room have not been sent to the disk yet.
     stack = TierStack(cpu_slots=4, ssd_slots=8, max_writeback=2, costs=FixedCosts(recompute=0.03))
-    stack.writeback.observe_writes(chunks=1, seconds=0.001)  # a disk that keeps up
+    stack.observe_writes(chunks=1, seconds=0.001)  # a disk that keeps up
     store(stack, [k(0), k(1)])
     in_flight = stack.prepare_store([k(2), k(3)])  # the previous prompt, still storing
     placed = stack.prepare_store([k(4), k(5)])  # k(0), k(1): evicted, writes not sent
@@ -186,14 +182,12 @@ def test_back_to_back_stores_take_slots_of_writes_not_sent_yet_rather_than_lose_
         and stack.writeback.landing(k(0))
         and stack.writeback.landing(k(1))
     )
-    copies = (
-        stack.writeback.take_demotions()
-    )  # sent in the same plan, ahead of the store into their slots
+    copies = stack.take_demotions().copies  # sent in the plan, ahead of the store into their slots
     # the older prefix goes tail first: k(1)'s slot to k(4), then k(0)'s to k(5)
     assert {(c.key, c.cpu) for c in copies} == {(k(1), placed[0][1]), (k(0), placed[1][1])}
     stack.complete_store(in_flight, ok=True)
     stack.complete_store(placed, ok=True)
-    stack.writeback.complete_demotions(copies, set())
+    stack.complete_demotions(copies, set())
     assert stack.match([k(0), k(1), k(2), k(3), k(4), k(5)]) == 6  # nothing lost
 
 
@@ -203,12 +197,10 @@ def test_a_chunk_loaded_while_it_is_written_back_keeps_its_slot_until_the_load_e
         store(stack, [k(i)])  # k(0) is being written back
     sources = stack.acquire([k(0)])
     assert [s.tier for s in sources] == [Tier.CPU]
-    copies = stack.writeback.take_demotions()  # sent; no speed seen yet, so predicted done at once
+    copies = stack.take_demotions().copies  # sent; no speed seen yet, so predicted done at once
     store(stack, [k(4)])  # yet its slot is not taken from under the load: k(1) goes instead
     assert k(0) in stack.cpu and stack.match([k(1)]) == 0
-    stack.writeback.complete_demotions(
-        copies, set()
-    )  # written: dropped from CPU, the load still reads
+    stack.complete_demotions(copies, set())  # written: dropped from CPU, the load still reads
     assert stack.cpu.free_slots == 0 and k(0) not in stack.cpu
     stack.release(sources, ok=True, bad_keys=set())
     assert stack.cpu.free_slots == 1 and pinned(stack) == (0, 0)
@@ -288,7 +280,7 @@ def test_promoting_never_evicts_a_chunk_of_the_same_load_from_a_full_ssd() -> No
     # pinned, so it is dropped.
     sources = stack.acquire([k(0), k(1)])
     assert [s.key for s in sources] == [k(0), k(1)]
-    assert stack.writeback.take_demotions() == [] and stack.writeback.dropped_demotions == 1
+    assert stack.take_demotions().copies == () and stack.writeback.dropped_demotions == 1
     stack.release(sources, ok=True, bad_keys=set())
     assert stack.match([k(0), k(1)]) == 2
 
@@ -308,13 +300,13 @@ def test_cancelled_promotion_frees_its_slot_unpublished() -> None:
 def test_write_through_copies_every_stored_chunk_with_its_cpu_slot_pinned() -> None:
     stack = TierStack(cpu_slots=2, ssd_slots=4, write_through=True)
     store(stack, [k(0), k(1)])
-    copies = stack.writeback.take_demotions()
+    copies = stack.take_demotions().copies
     assert [c.key for c in copies] == [k(0), k(1)]
-    assert pinned(stack) == (2, 2) and stack.writeback.backlog == 2
-    stack.writeback.complete_demotions(copies, set())
-    assert pinned(stack) == (0, 0) and stack.writeback.backlog == 0
+    assert pinned(stack) == (2, 2) and stack.write_backlog == 2
+    stack.complete_demotions(copies, set())
+    assert pinned(stack) == (0, 0) and stack.write_backlog == 0
     store(stack, [k(2)])  # evicting k(0) writes nothing: SSD already holds it
-    assert [c.key for c in stack.writeback.take_demotions()] == [k(2)]
+    assert [c.key for c in stack.take_demotions().copies] == [k(2)]
 
 
 def test_clear_forgets_both_tiers() -> None:
@@ -346,7 +338,7 @@ def test_clear_drops_copies_to_ssd_not_yet_sent() -> None:
     stack = TierStack(cpu_slots=2, ssd_slots=4, write_through=True)
     store(stack, [k(0), k(1)])  # write-through copies queued, CPU slots pinned
     stack.clear()
-    assert stack.writeback.take_demotions() == []
+    assert stack.take_demotions().copies == ()
     assert pinned(stack) == (0, 0)
     assert stack.ssd is not None and stack.ssd.usage().free == 4
 
