@@ -80,7 +80,7 @@ SPECS: dict[str, Spec] = {
         "lru",
         "Eviction policy of the CPU tier: " + ", ".join(_EVICTION) + ". Under either, "
         "chunks of generated tokens are stored at the evicting end until a request hits "
-        'them, and a lookup counts as a use (docs/design.md, "Index and eviction").',
+        'them, and a lookup counts as a use (docs/design/tiers.md, "Recency").',
         "lru",
     ),
     "mover": Spec(
@@ -203,7 +203,7 @@ SPECS: dict[str, Spec] = {
         "cost",
         "Which resident chunks a request loads: `cost` (all CPU chunks; SSD and remote chunks "
         "only while loading them is predicted to be faster than recomputing, see "
-        "docs/design.md; a remote store slower than recomputing any chunk is not even asked), "
+        "docs/design/cost.md; a remote store slower than recomputing any chunk is not even asked), "
         "`load` (everything resident), `cpu` (never SSD-only or remote chunks: they are "
         "recomputed).",
         "cost",
@@ -215,7 +215,7 @@ SPECS: dict[str, Spec] = {
         "engine step), `sync` (before the step's forward, which waits for all of it: "
         "load-then-compute), `layerwise` (in the same step, layer L+1 copying while layer L "
         "computes); `auto`: the cost model picks layerwise or async per request (see "
-        "docs/design.md). Chunks on SSD load in the step too, read into CPU slots layer by "
+        "docs/design/cost.md). Chunks on SSD load in the step too, read into CPU slots layer by "
         "layer as it computes, as many as free CPU slots take (remote chunks, a replicated "
         "cache's and `ssd_stream_bytes=0` load async).",
         "auto",

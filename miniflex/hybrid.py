@@ -21,7 +21,7 @@ its blocks 26-29 (blocks 0-25 are vLLM's null block).
 
 ``tests/connector/test_hybrid_groups.py`` checks these ranges against vLLM's
 own scheduler. The data path (per-group chunk moves, a mover per group's
-layers, window stores) is what docs/design.md lists under "Not yet".
+layers, window stores) is what docs/design/hybrid.md lists under "Limits".
 """
 
 from __future__ import annotations

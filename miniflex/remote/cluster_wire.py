@@ -2,7 +2,7 @@
 primary that owns its slot.
 
 One server sends with one thread, and that thread, not the client, is the ceiling of a
-fetch from one server (docs/design.md, "Bandwidth"); a cluster's primaries send in
+fetch from one server (docs/design/remote-store.md, "Fetch"); a cluster's primaries send in
 parallel. :class:`ClusterWire` routes each chunk by its key's hash slot through the
 ``redis`` cluster client's slot map (learned from the startup nodes on first use, as
 every other call does) and fetches each primary's chunks over a

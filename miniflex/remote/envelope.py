@@ -4,8 +4,8 @@ A chunk is stored as one value of ``parts + 1`` fields: the header and the
 payload cut into parts of at most ``part_bytes``. Parts keep each of the
 server's buffers small: on the development machine redis-benchmark moves 2-4
 MiB values at 2-3 GB/s but 8-12 MiB values at 0.6-1 GB/s, and a 9.4 MB
-chunk in 2 MiB parts reads 1.5x as fast as in one piece (docs/design.md,
-"Remote tier").
+chunk in 2 MiB parts reads 1.5x as fast as in one piece (docs/design/remote-store.md,
+"A stored chunk").
 
 Header, 64 bytes, little endian::
 
