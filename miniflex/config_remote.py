@@ -28,6 +28,7 @@ from miniflex.errors import ConfigError
 
 __all__ = [
     "CLUSTER_SCHEMES",
+    "MOONCAKE_SCHEME",
     "REMOTE_SCHEMES",
     "REMOTE_SPECS",
     "REMOTE_WRITES",
@@ -43,6 +44,9 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys
 REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix", *CLUSTER_SCHEMES)
 """URL schemes of ``remote_url``: Redis or Valkey over TCP, TLS (``rediss``, ``valkeys``), a
 Unix socket, or a cluster."""
+MOONCAKE_SCHEME = "mooncake"
+"""Mooncake Store by its master, ``mooncake://HOST[:PORT][?OPTIONS]``
+(:mod:`miniflex.remote.mooncake_url`)."""
 TLS_SCHEMES = ("rediss", "valkeys", "rediss+cluster", "valkeys+cluster")
 REMOTE_WRITES = ("through", "back", "off")
 """Values of ``remote_write``."""
@@ -68,6 +72,11 @@ def _parse_url(key: str, value: object) -> str | None:
     if not isinstance(value, str):
         raise ConfigError(key, value, _URL_HELP)
     scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme == MOONCAKE_SCHEME:  # imported here: miniflex.remote imports this module
+        from miniflex.remote.mooncake_url import parse_mooncake_url
+
+        parse_mooncake_url(key, value)
+        return value
     if scheme in CLUSTER_SCHEMES:
         if "@" in value:
             raise ConfigError(key, "<hidden>", _NO_CREDENTIALS)
@@ -192,9 +201,12 @@ REMOTE_SPECS: dict[str, Spec] = {
         "The shared remote tier's store: `redis://HOST:PORT[/DB]` (Redis or Valkey), "
         "`rediss://` for TLS, `unix:///PATH`, or a Redis or Valkey Cluster by its startup "
         "nodes, `redis+cluster://HOST:PORT[,HOST:PORT...]` (`rediss+cluster://` for TLS; "
-        "chunks spread over its primaries by slot). Empty: no remote tier. Credentials go in "
+        "chunks spread over its primaries by slot), or a Mooncake Store by its master, "
+        "`mooncake://HOST[:PORT][?metadata=URL&protocol=auto|tcp|rdma]` "
+        "(docs/design/remote-mooncake.md). Empty: no remote tier. Credentials go in "
         "`remote_user` and `remote_password` or `remote_password_file`, never in the URL. "
-        "A local miss looks the store up; a hit is fetched into a CPU slot (docs/design.md).",
+        "A local miss looks the store up; a hit is fetched into a CPU slot "
+        "(docs/design/remote.md).",
         "",
     ),
     "remote_user": (
@@ -334,6 +346,13 @@ def check_remote(values: Mapping[str, Any]) -> None:
             raise ConfigError(
                 key, values[key], "TLS is off: set remote_tls=true or use a rediss:// remote_url"
             )
+    if str(values.get("remote_url") or "").startswith(MOONCAKE_SCHEME + "://"):
+        for key in ("remote_user", "remote_password", "remote_password_file", "remote_tls"):
+            if values.get(key):
+                shown = "<hidden>" if key == "remote_password" else values[key]
+                raise ConfigError(
+                    key, shown, "Mooncake Store has no credentials or TLS: leave it unset"
+                )
     if values.get("remote_url"):
         return
     for key in ("remote_user", "remote_password", "remote_password_file", "remote_tls"):

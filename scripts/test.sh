@@ -17,6 +17,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v prometheus >/dev/null || missing+=(prometheus)  # the dashboard's test scrapes with it
+# Mooncake's transfer engine loads libibverbs even for TCP (tests/remote/test_mooncake_*)
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || missing+=(libibverbs1)
 if [ ${#missing[@]} -gt 0 ] || ! command -v valkey-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[test] installing ${missing[*]} valkey-server (apt, about a minute)"
@@ -37,6 +39,15 @@ if [ ${#missing[@]} -gt 0 ] || ! command -v valkey-server >/dev/null; then
   else
     echo "[test] ${missing[*]} valkey-server missing and no apt-get as root: tests that need them will skip"
   fi
+fi
+# The Mooncake Store backend's tests run a private mooncake_master and holder from its wheel
+# (extra "mooncake"; a prebuilt wheel, where one exists for this platform and Python).
+if ! .venv/bin/python -c "import mooncake.store" 2>/dev/null; then
+  echo "[test] installing the mooncake extra (Mooncake Store's client and servers)"
+  .venv/bin/python -m pip install -q -e ".[mooncake]" 2>&1 \
+    | grep -v -e "^WARNING: Location" -e "^\[notice\]" || true
+  .venv/bin/python -c "import mooncake.store" 2>/dev/null \
+    || echo "[test] Mooncake's client does not import here: its tests will skip, saying why"
 fi
 echo "[test] ruff"
 .venv/bin/ruff check miniflex tests bench scripts

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from miniflex.config import MiniFlexConfig
-from miniflex.config_remote import REMOTE_SCHEMES
+from miniflex.config_remote import MOONCAKE_SCHEME, REMOTE_SCHEMES
 from miniflex.errors import ConfigError
 from miniflex.remote.base import RemoteStore
 
@@ -20,11 +20,20 @@ __all__ = ["BACKENDS", "open_remote_store"]
 
 BACKENDS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
     {
-        scheme: ("miniflex.remote.redis_store", "RedisStore", "redis, crc32c")
-        for scheme in REMOTE_SCHEMES
+        **{
+            scheme: ("miniflex.remote.redis_store", "RedisStore", "redis, crc32c")
+            for scheme in REMOTE_SCHEMES
+        },
+        MOONCAKE_SCHEME: (
+            "miniflex.remote.mooncake_store",
+            "MooncakeStore",
+            "mooncake-transfer-engine-non-cuda, crc32c, and libibverbs1 from apt",
+        ),
     }
 )
 """URL scheme -> (module, class, client library it imports)."""
+_EXTRAS = {MOONCAKE_SCHEME: "mooncake"}
+"""URL scheme -> the pip extra that installs its client (``remote`` where not listed)."""
 
 
 def open_remote_store(cfg: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore | None:
@@ -47,7 +56,8 @@ def open_remote_store(cfg: MiniFlexConfig, namespace_digest: bytes) -> RemoteSto
         raise ConfigError(
             "remote_url",
             cfg.remote_url,
-            f"a library it needs ({library}) is missing ({exc}): pip install 'miniflex[remote]'",
+            f"a library it needs ({library}) is missing ({exc}): "
+            f"pip install 'miniflex[{_EXTRAS.get(scheme, 'remote')}]'",
         ) from None
     store_class: type[RemoteStore] = getattr(module, class_name)
     return store_class(  # type: ignore[call-arg]

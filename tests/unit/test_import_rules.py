@@ -1,6 +1,6 @@
 """Which packages may import the heavy third-party libraries, read from the source with ``ast``.
 
-Each library stays in its own corner (docs/design.md, "Packages and imports"):
+Each library stays in its own corner (docs/design/README.md, "Packages and imports"):
 vLLM in the connector and the tools that drive engines, torch where KV tensors
 are touched, CuPy in ``gpu/``, cffi in ``ssd/``, Numba in ``index/`` and the
 redis client in ``remote/``. A vLLM worker imports the connector, so Numba
@@ -35,6 +35,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cffi": ("ssd/",),
     "numba": ("index/",),
     "redis": ("remote/",),  # the remote store's client; an optional extra
+    "mooncake": ("remote/",),  # Mooncake Store's client; an optional extra
 }
 
 WORKER_ENTRY = "miniflex.connector.connector"
