@@ -14,9 +14,10 @@
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
 # `miniflex bench` run that starts each configuration once (about 150 s for the first
 # engine, which compiles, and 40-60 s for the next ones, from vLLM's compile cache).
-# Results: OUT_DIR/<workload>/h200.json and .png per workload, OUT_DIR/<part>.txt (the
-# tables) and OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time
-# limit (LIMIT_S, default 900 s) still prints and writes what it measured, marked partial.
+# Results: OUT_DIR/<workload>/<card>.json and .png per workload (<card>: h200 or h100 as
+# nvidia-smi names the card, CARD sets it), OUT_DIR/<part>.txt (the tables) and
+# OUT_DIR/<part>.log (progress and vLLM's log). A part cut short by the time limit
+# (LIMIT_S, default 900 s) still prints and writes what it measured, marked partial.
 # ttft also runs the decode workload on the same engines (decode throughput with no reuse:
 # 32 x 512 tokens and 2 x 12,000 tokens, 256 out); decode runs it alone, 5 rounds. burst
 # sends 96 requests over 12 shared 4k-token prefixes at once, three rounds, with 6 GiB of
@@ -27,12 +28,12 @@
 # the native connector and MiniFlex CPU+SSD). ssd serves 8k and 30k prompts
 # that fillers pushed out of a 5 GiB CPU tier, so that they are resident only on disk
 # (SSD_CONFIGS, default APC alone, miniflex-ssd and vLLM's CPU+fs tiering; both tiers read
-# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/h200-ssd-resident.json.
+# with O_DIRECT, so the page cache plays no part) into OUT_DIR/ttft/<card>-ssd-resident.json.
 # regime does the same where the SSD tier should pay: long prompts on larger models, each
 # computed in one step once evicted (--max-num-batched-tokens of a prompt or half of one).
 # One `miniflex bench ttft` run per shape in REGIME_SHAPES (default 32b,8b-128k), one repeat,
 # REGIME_CONFIGS (default APC alone, miniflex-ssd, miniflex-ssd with every hit loaded, async,
-# and vLLM's CPU+fs tiering), into OUT_DIR/ttft/h200-regime-<shape>.json: 32b is
+# and vLLM's CPU+fs tiering), into OUT_DIR/ttft/<card>-regime-<shape>.json: 32b is
 # bench/models/qwen3-32b-shape (256 KiB of KV a token) at 8,192 and 32,768 tokens over an
 # 8 GiB CPU tier (fillers 12 GiB), 8b-128k is qwen3-8b-shape-128k at 65,536 and 131,072
 # tokens over a 9 GiB one, half a 128k prompt (fillers 13.5 GiB; vLLM's fs tier promotes a
@@ -48,7 +49,7 @@
 # remote (bench/remote_share.py): two engines on the GPU, one after the other, and one
 # redis-server on the same machine; engine A computes 8k and 30k-token prompts, engine B serves
 # them through the store, against recompute and its own CPU-tier hit, into
-# OUT_DIR/remote/h200.json; one engine B per hit_policy in B_POLICIES (default cost,load:
+# OUT_DIR/remote/<card>.json; one engine B per hit_policy in B_POLICIES (default cost,load:
 # the cost model's choice, and a fetch forced where it would recompute). The machine has no redis-server: stage it here with
 # `bash bench/stage_redis.sh` (.redisstage, 16 MB; carry it and copy it to /tmp/redisstage),
 # or point REDIS_STAGE at it; an existing store can be given as REMOTE_URL instead.
@@ -93,7 +94,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 
 MODEL=bench/models/qwen3-8b-shape  # a part may run another: MODEL=... BATCHED=... run_part
 BATCHED=8192
-COMMON=(--load-format dummy --block-size 16 --out-dir "$OUT" --tag h200)
+# the card's name in the result files (h200, h100; CARD overrides it): a figure names the
+# card that measured it
+CARD="${CARD:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 \
+  | grep -o -i -m 1 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
+CARD="${CARD:-gpu}"
+COMMON=(--load-format dummy --block-size 16 --out-dir "$OUT" --tag "$CARD")
 if [ -n "${COMMIT:-}" ]; then COMMON+=(--commit "$COMMIT"); fi
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
@@ -149,7 +155,7 @@ case "$PART" in
     # prompt into it); fillers worth 7.5 GiB of KV push it out to disk before each hit. One
     # repeat: the fs tier never evicts, and writes about 20 GB of files in this part
     CONFIGS="$SSD_CONFIGS" run_part ssd ttft --gpu-blocks 2100 --ttft-prompts 8192,30000 \
-      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/h200-ssd-resident.json" ;;
+      --repeat 1 --ttft-evict cpu --ssd-cpu-bytes 5GiB --json "$OUT/ttft/$CARD-ssd-resident.json" ;;
   regime)  # 32b: 2100 blocks = 33,600 tokens (8.2 GiB) hold a 32k prompt and its GPU-hit
     # rerun; 8b-128k: 8300 blocks = 132,800 tokens (18.2 GiB) a 128k one. The SSD tier holds
     # the prompt and the fillers after it (8 + 12 and 18 + 13.5 GiB)
@@ -164,12 +170,12 @@ case "$PART" in
           MODEL=bench/models/qwen3-32b-shape BATCHED=32768 CONFIGS="$REGIME_CONFIGS" \
             run_part regime-32b ttft --gpu-blocks 2100 --ttft-prompts 8192,32768 --repeat 1 \
             --ttft-evict cpu --cpu-bytes 8GiB --ssd-cpu-bytes 8GiB --ssd-bytes 24GiB \
-            --json "$OUT/ttft/h200-regime-32b.json" || status=1 ;;
+            --json "$OUT/ttft/$CARD-regime-32b.json" || status=1 ;;
         8b-128k)
           MODEL=bench/models/qwen3-8b-shape-128k BATCHED=65536 CONFIGS="$REGIME_CONFIGS" \
             run_part regime-8b-128k ttft --gpu-blocks 8300 --ttft-prompts 65536,131072 \
             --repeat 1 --ttft-evict cpu --cpu-bytes 9GiB --ssd-cpu-bytes 9GiB --ssd-bytes 36GiB \
-            --json "$OUT/ttft/h200-regime-8b-128k.json" || status=1 ;;
+            --json "$OUT/ttft/$CARD-regime-8b-128k.json" || status=1 ;;
       esac
     done
     exit "$status" ;;
@@ -188,7 +194,7 @@ case "$PART" in
       --gpu-blocks 2100 --prompt-tokens 8192,30000 --repeat 3 --cpu-bytes 12GiB \
       --server-memory 40gb --b-hit-policies "${B_POLICIES:-cost,load}" \
       ${REMOTE_URL:+--url "$REMOTE_URL"} ${COMMIT:+--commit "$COMMIT"} \
-      --json "$OUT/remote/h200.json" \
+      --json "$OUT/remote/$CARD.json" \
       "${EXTRA[@]}" > "$OUT/remote.txt" 2> "$OUT/remote.log"
     rc=$?
     grep '^\[remote_share' "$OUT/remote.log" | tail -n 20

@@ -24,12 +24,20 @@ ROOT = Path(__file__).parents[2]
 PARTS = ("ttft", "decode", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
 
 
-def h200_dry_run(part: str, out: Path, extra: str = "", run: str = "") -> dict[str, Any]:
-    """``bench/run_h200.sh PART`` with ``--dry-run`` (and ``extra`` arguments): the engine
-    settings it would use (those of its run ``run`` where it has several)."""
+def h200_dry_run(
+    part: str, out: Path, extra: str = "", run: str = "", env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``bench/run_h200.sh PART`` with ``--dry-run`` (and ``extra`` arguments, ``env``
+    variables): the engine settings it would use (those of its run ``run`` where it has
+    several)."""
     proc = subprocess.run(
         ["bash", str(ROOT / "bench" / "run_h200.sh"), part, str(out)],
-        env={**os.environ, "PYTHON": sys.executable, "EXTRA_ARGS": f"--dry-run {extra}"},
+        env={
+            **os.environ,
+            "PYTHON": sys.executable,
+            "EXTRA_ARGS": f"--dry-run {extra}",
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=300,
@@ -58,6 +66,21 @@ def test_h200_remote_part_passes_its_checks(tmp_path: Path) -> None:
     assert engine["gpu_blocks"] * engine["block_size"] >= 30000 + 16
     assert engine["load_format"] == "dummy" and engine["eager"] is False
     assert parse_size("cpu_bytes", plan["settings"]["cpu_bytes"]) >= 30000 * 147456
+
+
+def test_result_files_name_the_card_that_measured_them(tmp_path: Path) -> None:
+    """A figure names its card: CARD (else nvidia-smi's name of it) is in every result
+    file's name, so an H100's run is never filed as an H200's."""
+    plan = h200_dry_run("remote", tmp_path / "a", env={"CARD": "h100"})
+    assert plan["settings"]["json"] == str(tmp_path / "a" / "remote" / "h100.json")
+    for name, card in (("NVIDIA H200", "h200"), ("", "gpu")):  # "": nvidia-smi names none
+        smi = tmp_path / card / "bin" / "nvidia-smi"
+        smi.parent.mkdir(parents=True)
+        smi.write_text(f"#!/bin/sh\necho '{name}'\n")
+        smi.chmod(0o755)
+        path = f"{smi.parent}:{os.environ['PATH']}"
+        plan = h200_dry_run("remote", tmp_path / card, env={"PATH": path, "CARD": ""})
+        assert plan["settings"]["json"] == str(tmp_path / card / "remote" / f"{card}.json")
 
 
 def test_h200_regime_part_keeps_long_prompts_on_disk_only(tmp_path: Path) -> None:
