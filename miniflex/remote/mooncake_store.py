@@ -18,9 +18,8 @@ at most :data:`WINDOW_BYTES`), not each socket operation as for Redis.
 Calls never get the caller's memory: values are read into private staging buffers, then
 copied into the CPU slot and verified there; puts are copied into one first. A late call
 may still write into its staging buffer, which is reused only once that call has ended;
-never into a slot that holds another chunk by then. That copy is the price: on a 2-core VM
-(loopback, 9.4 MB chunks) this store moved 1.2-1.4 GB/s each way, where Mooncake's own
-``batch_get_into`` into one registered buffer, unverified, moved 2.8 GB/s.
+never into a slot that holds another chunk by then. That copy costs speed against
+Mooncake's own ``batch_get_into`` into a registered buffer (docs/design/remote-mooncake.md).
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ WINDOW_BYTES = 32 << 20
 """Most bytes one ``batch_get_into`` fetches (at least one chunk); each is given ``timeout_s``."""
 SETUP_WAIT_S = 5.0
 """How long :meth:`MooncakeStore.check` (once, at start-up) waits at most for the client's
-set-up and probe, if ``timeout_s`` is shorter: set-up took 30 ms on one host, but it
-registers with the master and the metadata server over the network."""
+set-up and probe, if ``timeout_s`` is shorter: set-up registers with the master and the
+metadata server over the network."""
 MAX_LATE = 4
 """Late calls at most; while this many still run, calls fail without starting another."""
 T = TypeVar("T")
