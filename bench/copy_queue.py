@@ -29,14 +29,14 @@ from collections.abc import Callable
 import torch
 
 from bench.gpu_copy_bench import BLOCK, QWEN3_8B
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import emit
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.synthetic import kv_geometry, random_chunks, synthetic_caches
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import emit
 
 
 def log(msg: str) -> None:

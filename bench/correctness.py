@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from miniflex.connector import offline_llm
-from miniflex.tinymodel import TinyModelSpec, write_tiny_model
-from miniflex.tinymodel_mla import write_tiny_mla_model
+from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
+from miniflex.tools.tinymodel_mla import write_tiny_mla_model
 
 Output = tuple[list[int], list[dict[int, float]]]
 CONNECTORS = {"hybrid-hma": "MiniFlexHMAConnector"}
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(" | ".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
     if args.json:
-        from miniflex.bench.offline_driver import on_cuda
-        from miniflex.bench.provenance import provenance
+        from miniflex.tools.bench.offline_driver import on_cuda
+        from miniflex.tools.bench.provenance import provenance
 
         record = {"provenance": provenance(on_cuda()), "command": sys.argv, "rows": rows}
         args.json.write_text(json.dumps(record, indent=1))

@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from miniflex.bench.report import emit
 from miniflex.gpu.cpu_mover import TorchMover
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
+from miniflex.tools.bench.report import emit
 from miniflex.types import BlockId, SlotId
 
 LAYERS, HEADS, HEAD, BLOCK = 8, 4, 64, 32  # the demo model's KV: 8 KiB per token

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.remote_share import _model, publish
-from miniflex.bench.provenance import provenance
-from miniflex.bench.server import ServerProcess
 from miniflex.remote.local_server import private_store
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.server import ServerProcess
 
 CHUNK_TOKENS = 64  # the replicas run with 32-token blocks: MiniFlex's auto chunk is 2 of them
 

@@ -27,16 +27,16 @@ import time
 
 import torch
 
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import emit, format_table
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.kernel_mover import DEFAULT_CTAS
 from miniflex.gpu.synthetic import kv_geometry, random_chunks, synthetic_caches
-from miniflex.gpu.tune import Candidate, median_seconds, time_mover
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import emit, format_table
+from miniflex.tools.tune import Candidate, median_seconds, time_mover
 
 QWEN3_8B = {"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128}  # fmt: skip

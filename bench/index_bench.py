@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from miniflex.bench.report import emit
 from miniflex.index import HashIndex, keys_to_array
+from miniflex.tools.bench.report import emit
 from miniflex.types import SlotId, Tier
 
 

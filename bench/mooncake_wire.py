@@ -37,10 +37,10 @@ from typing import Any
 
 from bench.remote_bench import TOKEN_BYTES
 from bench.remote_wire import _stage, plain_gbps, store_gbps, tcp_gbps
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import Progress, emit
 from miniflex.pool import HostPool
 from miniflex.remote.local_server import free_port, private_store
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import Progress, emit
 from miniflex.types import SlotId
 
 progress = Progress("mooncake-wire")

@@ -51,13 +51,13 @@ from urllib.parse import urlsplit
 import numpy as np
 import redis
 
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
 from miniflex.remote.local_server import LocalServer
 from miniflex.remote.redis_store import RedisStore
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import Progress, emit
 from miniflex.types import ChunkKey, SlotId
 
 TOKEN_BYTES = 144 * 1024

@@ -31,11 +31,11 @@ from typing import Any
 
 from bench.remote_bench import TOKEN_BYTES
 from bench.remote_wire import _stage, store_gbps
-from miniflex.bench.argtypes import counts
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import Progress, emit
 from miniflex.pool import HostPool
 from miniflex.remote.local_server import LocalServer
+from miniflex.tools.bench.argtypes import counts
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import Progress, emit
 
 progress = Progress("remote-ceiling")
 

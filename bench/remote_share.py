@@ -39,13 +39,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miniflex.bench.argtypes import primaries
-from miniflex.bench.configs import TierSizes, parse_configs, with_settings
-from miniflex.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
-from miniflex.bench.provenance import provenance
 from miniflex.config import parse_size
 from miniflex.cost import MIN_STEPS, MIN_TOKENS
 from miniflex.remote.local_server import SERVER_BINARIES, private_store
+from miniflex.tools.bench.argtypes import primaries
+from miniflex.tools.bench.configs import TierSizes, parse_configs, with_settings
+from miniflex.tools.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
+from miniflex.tools.bench.provenance import provenance
 
 STEPS = ("recompute", "remote", "cpu")
 
@@ -100,8 +100,8 @@ def _model(args: argparse.Namespace) -> tuple[str, int, int]:
         heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         return args.model, cfg["vocab_size"], cfg["num_hidden_layers"] * heads * head_dim * 4
-    from miniflex.connector.demo import KV_BYTES_PER_TOKEN, SPEC
-    from miniflex.tinymodel import write_tiny_model
+    from miniflex.tools.demo import KV_BYTES_PER_TOKEN, SPEC
+    from miniflex.tools.tinymodel import write_tiny_model
 
     path = write_tiny_model(Path(tempfile.gettempdir()) / "miniflex-demo-model", SPEC)
     return str(path), SPEC.vocab_size, KV_BYTES_PER_TOKEN

@@ -47,14 +47,14 @@ from collections.abc import Callable
 import redis
 
 from bench.remote_bench import TOKEN_BYTES, BusyInterpreter
-from miniflex.bench.argtypes import primaries
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import Progress, emit
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
 from miniflex.remote.local_server import SERVER_BINARIES, private_store
 from miniflex.remote.redis_store import RedisStore
+from miniflex.tools.bench.argtypes import primaries
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import Progress, emit
 from miniflex.types import ChunkKey, SlotId
 
 progress = Progress("remote-wire")

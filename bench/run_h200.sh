@@ -109,7 +109,7 @@ run_part() {  # run_part NAME WORKLOADS [miniflex bench args]; MODEL, BATCHED: t
   shift 2
   echo "[run_h200] $(date +%T) $name: miniflex bench $workloads $*"
   timeout -s INT -k 60 "$LIMIT_S" \
-    "$PY" -m miniflex.cli ${VERBOSE:+-v} bench "$workloads" --configs "$CONFIGS" "$@" \
+    "$PY" -m miniflex.tools.cli ${VERBOSE:+-v} bench "$workloads" --configs "$CONFIGS" "$@" \
     --model "$MODEL" --max-num-batched-tokens "$BATCHED" "${COMMON[@]}" "${EXTRA[@]}" \
     > "$OUT/$name.txt" 2> "$OUT/$name.log"
   local rc=$?

@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from miniflex.bench.report import emit
 from miniflex.pool import HostPool
 from miniflex.ssd import IOOp, make_backend, open_direct
+from miniflex.tools.bench.report import emit
 
 MIB = 1 << 20
 CHUNKS_MIB = (0.5, 1, 4, 16, 64)

@@ -25,9 +25,9 @@ import time
 import numpy as np
 
 from bench.ssd_bench import disk_parser, progress
-from miniflex.bench.report import emit
 from miniflex.pool import HostPool
 from miniflex.ssd import IOOp, SSDStore, make_backend
+from miniflex.tools.bench.report import emit
 from miniflex.types import ChunkKey, SlotId
 
 MIB = 1 << 20

@@ -28,15 +28,15 @@ import time
 import torch
 
 from bench.gpu_copy_bench import BLOCK, QWEN3_8B, build
-from miniflex.bench.provenance import provenance
-from miniflex.bench.report import emit
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.gpu.synthetic import kv_geometry, random_chunks, synthetic_caches
-from miniflex.gpu.tune import Candidate
 from miniflex.layout import layout_from_tensors
 from miniflex.plan import ChunkMove
 from miniflex.pool import HostPool
+from miniflex.tools.bench.provenance import provenance
+from miniflex.tools.bench.report import emit
+from miniflex.tools.tune import Candidate
 
 UNIT = 200  # dict operations per unit of "vLLM" work (about 10 us of CPython)
 

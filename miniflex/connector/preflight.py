@@ -1,7 +1,7 @@
 """Every setting MiniFlex can check before vLLM starts, against the model and the machine.
 
 ``miniflex serve`` calls :func:`check_before_start` with vLLM's command line
-before it execs vLLM, and :func:`~miniflex.connector.offline_llm.make_llm` with its
+before it execs vLLM, and :func:`~miniflex.tools.offline_llm.make_llm` with its
 engine arguments before it builds ``LLM``; the connector itself checks the SSD
 tier first thing in each worker (plain ``LLM(...)`` users get the same
 messages, only later). Each refusal is one :class:`~miniflex.errors.ConfigError`

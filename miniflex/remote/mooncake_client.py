@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mooncake.store import MooncakeDistributedStore
 
-from miniflex.remote.mooncake_url import MooncakeTarget
+from miniflex.config.mooncake_url import MooncakeTarget
 
 __all__ = ["MISSING", "NO_ROOM", "TOO_SMALL", "MooncakeClient", "MooncakeCodeError"]
 

@@ -6,7 +6,7 @@ A put is one ``upsert``, which replaces a value whole; a fetch is one ``batch_ge
 up to :data:`WINDOW_BYTES`. This process lends the store no memory: ``mooncake_master``
 places values in the segments of holder processes (``mooncake_client``) that mount it, and
 bytes move between them and this process over TCP, or RDMA where the host has a NIC for it
-(:mod:`miniflex.remote.mooncake_url`).
+(:mod:`miniflex.config.mooncake_url`).
 
 Mooncake's client calls take no timeout: a hung holder costs a read 30 s, a hung master
 any call 30 s, and connecting to an absent master 90 s. So every call runs on a helper
@@ -31,6 +31,7 @@ from typing import TypeVar
 import numpy as np
 
 from miniflex.bytecopy import copy_into
+from miniflex.config.mooncake_url import parse_mooncake_url
 from miniflex.errors import RemoteError
 from miniflex.remote.base import RemoteStats, RemoteStore
 from miniflex.remote.deadline import CallTimeout, DeadlineCalls, StagingPool
@@ -49,7 +50,6 @@ from miniflex.remote.mooncake_client import (
     MooncakeClient,
     MooncakeCodeError,
 )
-from miniflex.remote.mooncake_url import parse_mooncake_url
 from miniflex.types import ChunkKey
 
 __all__ = ["MooncakeStore", "WINDOW_BYTES"]

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.cluster import ClusterNode
 
-from miniflex.config_remote import CLUSTER_SCHEMES, TLS_SCHEMES, cluster_node_texts
+from miniflex.config.remote import CLUSTER_SCHEMES, TLS_SCHEMES, cluster_node_texts
 from miniflex.remote.resp import RespPacker
 
 __all__ = ["LazyCluster", "cluster_nodes", "open_client"]

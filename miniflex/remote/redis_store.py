@@ -31,7 +31,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from miniflex.config_remote import tls_on
+from miniflex.config.remote import tls_on
 from miniflex.errors import RemoteError
 from miniflex.remote.base import RemoteStats, RemoteStore
 from miniflex.remote.cluster_wire import ClusterWire

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from miniflex.config import MiniFlexConfig
-from miniflex.config_remote import MOONCAKE_SCHEME, REMOTE_SCHEMES
+from miniflex.config.remote import MOONCAKE_SCHEME, REMOTE_SCHEMES
 from miniflex.errors import ConfigError
 from miniflex.remote.base import RemoteStore
 

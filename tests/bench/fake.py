@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from miniflex.bench.driver import Arrival, Driver
-from miniflex.bench.samples import Sample
+from miniflex.tools.bench.driver import Arrival, Driver
+from miniflex.tools.bench.samples import Sample
 
 BLOCK = 16
 

@@ -7,12 +7,12 @@ from collections import Counter
 
 import pytest
 
-from miniflex.bench.args import add_arguments
-from miniflex.bench.burst import BurstWorkload
-from miniflex.bench.decode import DecodeCase, DecodeWorkload
-from miniflex.bench.model import PromptMaker
-from miniflex.bench.offline_driver import EngineSettings
-from miniflex.bench.provenance import git_commit, provenance
+from miniflex.tools.bench.args import add_arguments
+from miniflex.tools.bench.burst import BurstWorkload
+from miniflex.tools.bench.decode import DecodeCase, DecodeWorkload
+from miniflex.tools.bench.model import PromptMaker
+from miniflex.tools.bench.offline_driver import EngineSettings
+from miniflex.tools.bench.provenance import git_commit, provenance
 
 PROMPTS = PromptMaker(vocab_size=1000, seed=0)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.bench.engines import Measure, between_engines, configuration
-from miniflex.bench.model import PromptMaker
-from miniflex.bench.overflow import OverflowWorkload
-from miniflex.bench.runner import Candidate, Outputs, run_side_by_side
+from miniflex.tools.bench.engines import Measure, between_engines, configuration
+from miniflex.tools.bench.model import PromptMaker
+from miniflex.tools.bench.overflow import OverflowWorkload
+from miniflex.tools.bench.runner import Candidate, Outputs, run_side_by_side
 from tests.bench.fake import FakeDriver
 
 TTFT, TOKS = Measure("ttft_ms"), Measure("tok_s", higher_is_better=True)

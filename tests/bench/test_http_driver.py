@@ -10,9 +10,9 @@ from typing import ClassVar
 
 import pytest
 
-from miniflex.bench.driver import Arrival
-from miniflex.bench.http import HttpDriver, parse_metrics
-from miniflex.bench.model import PromptMaker
+from miniflex.tools.bench.driver import Arrival
+from miniflex.tools.bench.http import HttpDriver, parse_metrics
+from miniflex.tools.bench.model import PromptMaker
 
 
 class FakeVLLM(BaseHTTPRequestHandler):

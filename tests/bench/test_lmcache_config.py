@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from miniflex.bench import lmcache_probe
-from miniflex.bench.configs import CONFIGS, Connector, TierSizes, lmcache_unavailable
+from miniflex.tools.bench import lmcache_probe
+from miniflex.tools.bench.configs import CONFIGS, Connector, TierSizes, lmcache_unavailable
 
 GiB = 1 << 30
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.bench.base import WARMUP_TOKENS
-from miniflex.bench.configs import CONFIGS, TierSizes, base_name, parse_configs
-from miniflex.bench.model import ModelShape, PromptMaker
-from miniflex.bench.overflow import OverflowWorkload
-from miniflex.bench.plot import save_plot
-from miniflex.bench.report import format_table
-from miniflex.bench.samples import Sample, percentile, resident_tokens, tier_tokens
-from miniflex.bench.sizing import SAME_AS_CPU, auto_tiers, max_model_len
-from miniflex.bench.ttft import TTFTWorkload
 from miniflex.errors import ConfigError
+from miniflex.tools.bench.base import WARMUP_TOKENS
+from miniflex.tools.bench.configs import CONFIGS, TierSizes, base_name, parse_configs
+from miniflex.tools.bench.model import ModelShape, PromptMaker
+from miniflex.tools.bench.overflow import OverflowWorkload
+from miniflex.tools.bench.plot import save_plot
+from miniflex.tools.bench.report import format_table
+from miniflex.tools.bench.samples import Sample, percentile, resident_tokens, tier_tokens
+from miniflex.tools.bench.sizing import SAME_AS_CPU, auto_tiers, max_model_len
+from miniflex.tools.bench.ttft import TTFTWorkload
 
 QWEN = Path(__file__).parents[2] / "bench" / "models" / "qwen3-8b-shape"
 TIERS = TierSizes(

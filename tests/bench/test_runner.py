@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.bench.mixed import MixedWorkload
-from miniflex.bench.model import PromptMaker
-from miniflex.bench.overflow import OverflowWorkload
-from miniflex.bench.overhead import OverheadWorkload
-from miniflex.bench.runner import Candidate, Outputs, run_side_by_side
-from miniflex.bench.ttft import TTFTWorkload
+from miniflex.tools.bench.mixed import MixedWorkload
+from miniflex.tools.bench.model import PromptMaker
+from miniflex.tools.bench.overflow import OverflowWorkload
+from miniflex.tools.bench.overhead import OverheadWorkload
+from miniflex.tools.bench.runner import Candidate, Outputs, run_side_by_side
+from miniflex.tools.bench.ttft import TTFTWorkload
 from tests.bench.fake import FakeDriver
 
 CAPACITY = 512

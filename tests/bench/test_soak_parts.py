@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from miniflex.bench.faults import corrupt_chunks, corrupt_journal
-from miniflex.bench.soak import SoakWorkload
-from miniflex.bench.soak_load import Outcome, PromptPool, mismatches
 from miniflex.ssd import SSDStore, ThreadBackend
 from miniflex.ssd.journal import RECORD_BYTES, SlotJournal
+from miniflex.tools.bench.faults import corrupt_chunks, corrupt_journal
+from miniflex.tools.bench.soak import SoakWorkload
+from miniflex.tools.bench.soak_load import Outcome, PromptPool, mismatches
 from miniflex.types import ChunkKey, SlotId
 from tests.ssd.conftest import aligned, random_bytes
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from vllm.v1.request import RequestStatus
 
-from miniflex.cli import main
 from miniflex.errors import ConfigError
-from miniflex.inspect_status import engine_liveness, inspect_status, load_status
+from miniflex.tools.cli import main
+from miniflex.tools.inspect_status import engine_liveness, inspect_status, load_status
 from tests.connector.harness import BLOCK, make_harness
 from tests.connector.stats_sum import prometheus_values
 

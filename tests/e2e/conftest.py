@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from miniflex.remote.local_server import LocalServer, server_binary
-from miniflex.tinymodel import write_tiny_model
+from miniflex.tools.tinymodel import write_tiny_model
 from tests.conftest import o_direct_dir
 
 NEEDS_REDIS = [

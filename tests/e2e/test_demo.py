@@ -21,7 +21,7 @@ def test_demo_prints_ttft_and_per_tier_hits(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "miniflex.cli",
+            "miniflex.tools.cli",
             "demo",
             "--prompt-tokens",
             "1024",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
 from miniflex.remote.local_server import LocalServer
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
 from tests.e2e.conftest import NEEDS_REDIS
 from tests.e2e.engine import (
     KV_BYTES_PER_TOKEN,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from miniflex.connector import offline_llm
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
-from miniflex.tinymodel import TinyModelSpec, write_tiny_model
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
 from tests.e2e.engine import (
     BLOCK_SIZE,
     BLOCKS_PER_CHUNK,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
-from miniflex.tinymodel import TinyModelSpec, write_tiny_model
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run, same_output
 
 PROMPT_TOKENS = 1000

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 import zmq
 
-from miniflex.inspect_status import load_status
+from miniflex.tools.inspect_status import load_status
 from tests.e2e.engine import CHUNK_TOKENS, KV_BYTES_PER_TOKEN, prompt
 from tests.e2e.serve_proc import free_port, serving
 from tests.e2e.test_serve_http import complete

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
 from tests.e2e.engine import (
     close,
     expected_hit,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
-from miniflex.tinymodel_mla import TinyMLASpec, write_tiny_mla_model
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.tinymodel_mla import TinyMLASpec, write_tiny_mla_model
 from tests.e2e.engine import (
     block_size,
     close,

@@ -26,7 +26,7 @@ ARGS = [
 def soak_command(model: Path, out: Path, *more: str) -> list[str]:
     return [
         sys.executable,
-        *("-m", "miniflex.cli", "bench", "soak", "--model", str(model)),
+        *("-m", "miniflex.tools.cli", "bench", "soak", "--model", str(model)),
         *ARGS,
         *("--out-dir", str(out), *more),
     ]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
 from tests.conftest import o_direct_dir
 from tests.e2e.engine import close, expected_hit, make_llm, prompt, run, same_output, same_outputs
 

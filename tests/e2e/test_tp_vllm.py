@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.offline_llm import evict_gpu_prefix_cache
+from miniflex.tools.offline_llm import evict_gpu_prefix_cache
 from tests.e2e.engine import (
     CHUNK_TOKENS,
     close,

@@ -11,8 +11,8 @@ import torch
 from miniflex.config import MiniFlexConfig
 from miniflex.gpu import cuda_driver, pinning
 from miniflex.gpu.registry import make_mover
-from miniflex.gpu.tune import Candidate, tune
 from miniflex.gpu.tune_cache import TuneChoice, read_cache, tune_key, write_choice
+from miniflex.tools.tune import Candidate, tune
 from tests.gpu.conftest import HAVE_BINDINGS, HAVE_CUPY, caches, layout_of
 
 pytestmark = [

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from miniflex.errors import RemoteError
-from miniflex.inspect_status import inspect_status
 from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
+from miniflex.tools.inspect_status import inspect_status
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 from tests.connector.stats_sum import totals as summed_totals

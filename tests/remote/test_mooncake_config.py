@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from miniflex.config import MiniFlexConfig
+from miniflex.config.mooncake_url import MooncakeTarget, parse_mooncake_url
 from miniflex.errors import ConfigError
 from miniflex.remote import open_remote_store
-from miniflex.remote.mooncake_url import MooncakeTarget, parse_mooncake_url
 from tests.remote.conftest import NS_A
 
 

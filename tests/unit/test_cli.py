@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miniflex.cli import main
+from miniflex.tools.cli import main
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,7 @@ def test_importing_the_gpu_package_loads_no_cuda_library() -> None:
     code = (
         "import sys, miniflex.gpu.registry, miniflex.gpu.kernel_mover, miniflex.gpu.dma_mover, "
         "miniflex.gpu.staged_mover, "
-        "miniflex.gpu.tune, miniflex.gpu.pinning, miniflex.cli; "
+        "miniflex.tools.tune, miniflex.gpu.pinning, miniflex.tools.cli; "
         "print(sorted(m for m in sys.modules if m.startswith(('cupy', 'cuda.'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,19 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "miniflex"
 
 ALLOWED: dict[str, tuple[str, ...]] = {
-    # the facade, and the benchmarks that start engines (lazily)
-    "vllm": ("connector/", "bench/"),
-    # KV tensors: movers, the worker half and the facade, the demo's toy models, benchmarks;
+    # the facade, and the tools that start engines (lazily): demo, serve, the bench harness
+    "vllm": ("connector/", "tools/"),
+    # KV tensors: movers, the worker half and the facade, the tools (toy models, tune, bench);
     # never the scheduler half (scheduler/), which holds metadata only
-    "torch": (
-        "connector/",
-        "worker/",
-        "gpu/",
-        "bench/",
-        "demo_core.py",
-        "tinymodel.py",
-        "tinymodel_mla.py",
-    ),
+    "torch": ("connector/", "worker/", "gpu/", "tools/"),
     "cupy": ("gpu/",),
     "cffi": ("ssd/",),
     "numba": ("index/",),
@@ -121,8 +113,8 @@ def test_a_vllm_worker_does_not_import_numba() -> None:
 
 LAYERS: dict[str, tuple[str, ...]] = {
     # each half of the connector stands on its own; only the facade (connector/) sees both
-    "scheduler/": ("miniflex.connector", "miniflex.worker", "miniflex.bench"),
-    "worker/": ("miniflex.connector", "miniflex.scheduler", "miniflex.bench"),
+    "scheduler/": ("miniflex.connector", "miniflex.worker", "miniflex.tools.bench"),
+    "worker/": ("miniflex.connector", "miniflex.scheduler", "miniflex.tools.bench"),
     # the layers under the halves import neither half, nor the facade
     "tiers/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
     "remote/": ("miniflex.connector", "miniflex.scheduler", "miniflex.worker"),
@@ -141,3 +133,33 @@ def test_the_halves_and_the_layers_under_them_never_import_upward() -> None:
             if module.startswith(banned):
                 bad.append(f"miniflex/{rel}:{line} imports {module}")
     assert not bad, "imports that go upward:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_nothing_in_the_library_imports_the_tools() -> None:
+    """``miniflex/tools/`` (CLI, demo, serve, tune, inspect, toy models, the bench harness)
+    stands above everything: an import of it from any other package, even a lazy one, is
+    an arrow upward."""
+    bad = []
+    for path, imports in _parsed().values():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("tools/"):
+            continue
+        for module, _, line in imports:
+            if module == "miniflex.tools" or module.startswith("miniflex.tools."):
+                bad.append(f"miniflex/{rel}:{line} imports {module}")
+    assert not bad, "imports of miniflex.tools from the library:\n" + "\n".join(sorted(bad))
+
+
+def test_the_config_package_imports_only_the_base_modules() -> None:
+    """The frozen config sits at the bottom, beside ``errors.py``: it imports no package of
+    the library but itself."""
+    base = ("miniflex.config", "miniflex.errors", "miniflex.units")
+    bad = []
+    for path, imports in _parsed().values():
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith("config/"):
+            continue
+        for module, _, line in imports:
+            if module.startswith("miniflex.") and not module.startswith(base):
+                bad.append(f"miniflex/{rel}:{line} imports {module}")
+    assert not bad, "the config package imports upward:\n" + "\n".join(sorted(bad))

@@ -17,8 +17,8 @@ import pytest
 
 from miniflex.config import MiniFlexConfig
 from miniflex.connector.preflight import EngineArgs, check_before_start, check_model
-from miniflex.connector.serve import check_settings
 from miniflex.errors import ConfigError
+from miniflex.tools.serve import check_settings
 from tests.conftest import MountFS
 
 # The generated tiny model's shape: 4 layers x 2 KV heads x 64, bf16 -> 2 KiB of KV per token.
@@ -180,7 +180,7 @@ def test_miniflex_serve_refuses_in_one_line_without_starting_vllm(model: Path) -
     ):
         started = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "miniflex.cli", "serve", "--block-size", "32"],
+            [sys.executable, "-m", "miniflex.tools.cli", "serve", "--block-size", "32"],
             env={**os.environ, **env},
             capture_output=True,
             text=True,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from miniflex.connector.serve import build_serve_argv, remove_stale_sockets
 from miniflex.errors import ConfigError
+from miniflex.tools.serve import build_serve_argv, remove_stale_sockets
 
 
 def test_model_and_port_come_from_the_environment() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from miniflex.connector import compat, shutdown_guard
-from miniflex.connector.serve import SHUTDOWN_GUARD, build_serve_argv
 from miniflex.connector.shutdown_guard import DRAIN_S, ShutdownGuard
+from miniflex.tools.serve import SHUTDOWN_GUARD, build_serve_argv
 
 
 class Engine:

@@ -75,11 +75,12 @@ def test_a_step_without_a_forward_still_stores_and_fails_its_in_step_loads(
     store = job(1, "a", JobKind.STORE, block=2, slot=0)
     plan = TransferPlan((store, in_step), step=1, release=("a",), forward=False)
     driver.bound(plan)
-    driver.finished(plan)  # the only hook that comes
+    first, _ = driver.finished(plan)  # the only hook that comes; a quick store is done already
     assert driver.load_errors() == {5}  # never read unloaded
     wait_until(lambda: driver.handler.in_flight(ReqId("a")) == 0, "the store")
-    sending, _ = driver.finished(None)
-    assert sending == {"a"}
+    later, _ = driver.finished(None)
+    assert (first or set()) | (later or set()) == {"a"}  # reported once, by one of the two
+    assert first is None or later is None
 
 
 def test_a_forward_without_miniflex_metadata_queues_nothing(driver: StepDriver) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from miniflex.connector.serve import TOKEN_GUARD, build_serve_argv
 from miniflex.connector.token_guard import TokenIdGuard, out_of_vocab
+from miniflex.tools.serve import TOKEN_GUARD, build_serve_argv
 
 VOCAB = 100
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from miniflex.cli import main
 from miniflex.errors import ConfigError
 from miniflex.gpu.kernel_mover import DEFAULT_CTAS
 from miniflex.gpu.synthetic import kv_geometry, load_model_config, random_chunks, synthetic_caches
-from miniflex.gpu.tune import Candidate, Timing, pick_winner
 from miniflex.layout import layout_from_tensors
-from miniflex.table import format_table
+from miniflex.tools.cli import main
+from miniflex.tools.table import format_table
+from miniflex.tools.tune import Candidate, Timing, pick_winner
 
 QWEN = Path(__file__).parents[2] / "bench" / "models" / "qwen3-8b-shape"
 
