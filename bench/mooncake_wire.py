@@ -7,8 +7,10 @@ machine without CUDA, ``mooncake-transfer-engine`` with it) and ``libibverbs1``
 (``apt-get install libibverbs1``; its TCP transport loads it even without RDMA).
 Starts a private ``mooncake_master`` (HTTP metadata, no etcd), a holder process
 that mounts a segment of its own and puts ``--count`` chunks of ``--tokens``
-tokens of an 8B model (144 KiB a token), and a private ``redis-server`` with the
-same chunks. This process then reads them into a pool of as many slots:
+tokens of an 8B model (144 KiB a token) twice, as plain values and through
+MiniFlex's ``MooncakeStore`` (its envelope and key names), and a private
+``redis-server`` with the same chunks. This process then reads them into a pool
+of as many slots:
 
 - ``loopback TCP, 1 stream``: the ceiling of one connection on this host;
 - ``plain reader`` and ``miniflex fetch, N streams``: the Redis paths of
@@ -16,7 +18,13 @@ same chunks. This process then reads them into a pool of as many slots:
 - ``mooncake get_into``: ``MooncakeDistributedStore.get_into`` of each chunk,
   one at a time, into the registered pool (the bytes cross TCP from the
   holder's segment: this process mounts almost nothing);
-- ``mooncake batch_get_into, N``: N chunks per call.
+- ``mooncake batch_get_into, N``: N chunks per call;
+- ``miniflex mooncake fetch, N streams``: what the remote tier pays on Mooncake
+  (``bench.mooncake_rows``): ``RemoteFetcher`` over MiniFlex's ``MooncakeStore``,
+  each stream one ``get_many_into`` (``batch_get_into`` of 32 MiB windows into
+  staging buffers, then header and CRC checked and the payload copied into the
+  slot). Its store is set up and its staging buffers filled by one untimed
+  fetch first, as a serving tier's are.
 
 Ratios against the plain reader and loopback TCP. Every slot is compared with
 what was put, outside the timing. Best of ``--repeat``, rows interleaved.
@@ -35,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import mooncake_rows
 from bench.remote_bench import TOKEN_BYTES
 from bench.remote_wire import _stage, plain_gbps, store_gbps, tcp_gbps
 from miniflex.pool import HostPool
@@ -73,12 +82,14 @@ def _data(nbytes: int) -> bytes:
 
 
 def hold(master: int, metadata: int, nbytes: int, count: int) -> None:
-    """The holder process: put the chunks into its own segment, say so, wait for stdin."""
+    """The holder process: put the chunks into its own segment (plain, then through
+    MiniFlex's store: the only segment mounted yet), say so, wait for stdin."""
     store = _client(master, metadata, HOLDER_SEGMENT)
     data = _data(nbytes)
     for i in range(count):
         if store.put(f"c{i}", data) != 0:
             raise RuntimeError(f"Mooncake put of chunk {i} failed")
+    mooncake_rows.stage(mooncake_rows.mooncake_url(master, metadata), data, count)
     print("ready", flush=True)
     sys.stdin.read()
     store.close()
@@ -109,15 +120,19 @@ def measure(args: argparse.Namespace, master: int, metadata: int, url: str) -> l
     store = _client(master, metadata, READER_SEGMENT)
     if store.register_buffer(pool.array.ctypes.data, pool.array.nbytes) != 0:
         raise RuntimeError("Mooncake could not register the pool")
-    n = args.batch
+    ours = mooncake_rows.open_store(mooncake_rows.mooncake_url(master, metadata))
+    mooncake_rows.fetch_gbps(ours, pool, args.count, args.streams)  # untimed: set-up
+    pool.array[:] = 0
+    n, s = args.batch, args.streams
     runs: dict[str, Callable[[], float]] = {
         "loopback TCP, 1 stream": lambda: tcp_gbps(pool, args.count, 1),
         "plain reader": lambda: plain_gbps(url, pool, data, args.count),
-        f"miniflex fetch, {args.streams} streams": lambda: store_gbps(
-            url, pool, args.count, args.streams
-        ),
+        f"miniflex fetch, {s} streams": lambda: store_gbps(url, pool, args.count, s),
         "mooncake get_into": lambda: mooncake_gbps(store, pool, args.count, 1),
         f"mooncake batch_get_into, {n}": lambda: mooncake_gbps(store, pool, args.count, n),
+        f"miniflex mooncake fetch, {s} streams": lambda: mooncake_rows.fetch_gbps(
+            ours, pool, args.count, s
+        ),
     }
     best: dict[str, float] = {}
     for rep in range(args.repeat):
@@ -128,8 +143,14 @@ def measure(args: argparse.Namespace, master: int, metadata: int, url: str) -> l
             pool.array[:] = 0
             progress(f"pass {rep + 1}: {name} {gbps:.2f} GB/s")
             best[name] = max(best.get(name, 0.0), gbps)
+    ours.close()
     store.close()
     pool.close()
+    return _rows(best, nbytes)
+
+
+def _rows(best: dict[str, float], nbytes: int) -> list[dict]:
+    """The table: each client's best GB/s and its ratios to the plain reader and to TCP."""
     plain, tcp = best["plain reader"], best["loopback TCP, 1 stream"]
     return [
         {

@@ -2,7 +2,8 @@
 
     python -m bench.remote_share [--model DIR] [--load-format dummy] [--prompt-tokens 2048]
         [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
-        [--server-memory 8gb] [--server-io-threads 1] [--server redis-server|valkey-server]
+        [--server-memory SIZE] [--server-io-threads 1]
+        [--server redis-server|valkey-server|mooncake] [--server-cluster N]
         [--b-hit-policies cost,load] [--eager] [--json PATH]
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
@@ -20,9 +21,12 @@ Both engines get ``PYTHONHASHSEED`` (0 unless set), so that they chain their blo
 from the same seed (vLLM 0.26 otherwise seeds them per process). TTFT is the wall time of
 a one-token request. The table and the JSON give the
 medians and ``recompute / remote``, the speed-up a replica gets from a prompt
-another replica computed. Without ``--url`` a private ``redis-server`` runs
-on a free port. Without ``--model``, the demo's locally generated model
-(real random weights; ``miniflex demo``) on the CPU backend.
+another replica computed. Without ``--url`` a private store runs on free ports
+(``bench.share_store``): a ``redis-server`` (8gb unless ``--server-memory``), or
+with ``--server mooncake`` a Mooncake Store, a master and one holder whose segment is
+``--server-memory`` or else sized from the model's KV bytes per token and the
+tokens the run writes. Without ``--model``, the demo's
+locally generated model (real random weights; ``miniflex demo``) on the CPU backend.
 """
 
 from __future__ import annotations
@@ -34,20 +38,31 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.share_store import (
+    MOONCAKE,
+    SERVERS,
+    SharedStore,
+    given_store,
+    private_share_store,
+    server_args_error,
+    store_tokens,
+    wait_for_puts,
+)
 from miniflex.config import parse_size
 from miniflex.cost import MIN_STEPS, MIN_TOKENS
-from miniflex.remote.local_server import SERVER_BINARIES, private_store
+from miniflex.remote.local_mooncake import mooncake_missing
 from miniflex.tools.bench.argtypes import primaries
 from miniflex.tools.bench.configs import TierSizes, parse_configs, with_settings
 from miniflex.tools.bench.offline_driver import EngineSettings, OfflineDriver, on_cuda
 from miniflex.tools.bench.provenance import provenance
 
 STEPS = ("recompute", "remote", "cpu")
+WARM_TOKENS = 256
+"""Each engine's first prompt, untimed (A's and B's differ)."""
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -69,13 +84,16 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "where the cost model would recompute)",
     )
     p.add_argument("--url", default=None, help="an existing store (default: a private one)")
-    p.add_argument("--server-memory", default="8gb", help="the private store's maxmemory")
+    p.add_argument(
+        "--server-memory",
+        default=None,
+        help="the private store's maxmemory (default 8gb), or Mooncake holder's segment "
+        "(default: sized from the KV the run writes)",
+    )
     p.add_argument(
         "--server-io-threads", type=int, default=1, help="the private store's io-threads"
     )
-    p.add_argument(
-        "--server", choices=SERVER_BINARIES, default=None, help="the private store's binary"
-    )
+    p.add_argument("--server", choices=SERVERS, default=None, help="the private store's binary")
     p.add_argument(
         "--server-cluster",
         type=primaries,
@@ -88,12 +106,15 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     args = p.parse_args(argv)
-    if args.url and (args.server_cluster or args.server or args.server_io_threads > 1):
-        p.error("--server, --server-io-threads and --server-cluster start a private store")
+    if (error := server_args_error(args)) is not None:
+        p.error(error)
     return args
 
 
-def _model(args: argparse.Namespace) -> tuple[str, int, int]:
+ModelInfo = tuple[str, int, int]
+
+
+def _model(args: argparse.Namespace) -> ModelInfo:
     """(model path, vocabulary size, KV bytes per token on the CPU backend)."""
     if args.model:
         cfg = json.loads((Path(args.model) / "config.json").read_text())
@@ -136,28 +157,9 @@ def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSett
     )
 
 
-def _wait_for_puts(url: str, quiet_s: float = 2.0, limit_s: float = 600.0) -> None:
-    """Until the store's key count stops growing for ``quiet_s``: write-through is done (on
-    a cluster, the keys of all its primaries)."""
-    from miniflex.remote.redis_clients import LazyCluster, open_client
-
-    password = os.environ.get("MINIFLEX_REMOTE_PASSWORD") or None
-    client = open_client(url, tls=False, options={"password": password})
-    where = {"target_nodes": "primaries"} if isinstance(client, LazyCluster) else {}
-    last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        n = int(client.dbsize(**where))
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            break
-        time.sleep(0.25)
-    _log(f"the store holds {last} keys")
-    client.close()
-
-
-def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    model, vocab, kv_bytes = _model(args)
+def measure(store: SharedStore, args: argparse.Namespace, model_info: ModelInfo) -> dict[str, Any]:
+    model, vocab, kv_bytes = model_info
+    url = store.url
     lengths = [int(n) for n in args.prompt_tokens.split(",")]
     settings = _settings(args, model, kv_bytes)
     rng = random.Random(0)
@@ -166,14 +168,20 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         for n in lengths
         for r in range(args.repeat)
     ]
-    warm = [rng.randrange(3, vocab) for _ in range(256)]
+    warm = [rng.randrange(3, vocab) for _ in range(WARM_TOKENS)]
+    _log(f"{store.about}: {url}")
     _log(f"engine A: computes {len(cases)} prompts")
     a = _engine(url, args, settings)
     try:
         a.prefill(warm, "warmup")
         for _n, _r, tokens in cases:
             a.prefill(tokens, "compute")
-        _wait_for_puts(url)
+        keys = wait_for_puts(store)
+        _log(
+            "the store's keys are not counted (engine A's shutdown flushes its puts)"
+            if keys is None
+            else f"the store holds {keys} keys"
+        )
     finally:
         a.close()  # write-through's queued puts go out first
     rows: list[dict[str, Any]] = []
@@ -183,6 +191,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": model,
         "store": url,
+        "store_about": store.about,
         "settings": vars(args),
         "rows": rows,
         "kv_bytes_per_token": kv_bytes,
@@ -233,9 +242,13 @@ def _calibrate(b: OfflineDriver, rng: random.Random, vocab: int, longest: int) -
     before it, the model weighs SSD and remote chunks against a rough mean seconds per
     token (and loads CPU hits whole), and B's measured requests should be decided as a
     warm server decides them."""
-    for i in range(MIN_STEPS):
-        n = min(MIN_TOKENS * (2 + i % 4), max(longest, MIN_TOKENS))
+    for n in calibration_lengths(longest):
         b.prefill([rng.randrange(3, vocab) for _ in range(n)], "calibrate")
+
+
+def calibration_lengths(longest: int) -> list[int]:
+    """The lengths of :func:`_calibrate`'s prompts: several, none past ``longest``."""
+    return [min(MIN_TOKENS * (2 + i % 4), max(longest, MIN_TOKENS)) for i in range(MIN_STEPS)]
 
 
 def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any]]:
@@ -288,24 +301,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     # chunks: vLLM 0.26 seeds them randomly per process unless PYTHONHASHSEED is set (the
     # engine processes inherit it), as `miniflex serve` does for a remote tier.
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    if args.server == MOONCAKE and (missing := mooncake_missing()) is not None:
+        sys.exit(f"remote_share: --server mooncake: {missing}")
+    lengths = [int(n) for n in args.prompt_tokens.split(",")]
+    calibration = sum(calibration_lengths(max(lengths)))
+    engines_b = len(args.b_hit_policies.split(","))
+    tokens = store_tokens(lengths, args.repeat, engines_b, WARM_TOKENS, calibration)
     if args.dry_run:
         model = args.model or "(the demo's generated model)"
         plan = {"settings": vars(args), "engine": vars(_settings(args, model, 0))}
-        print(json.dumps(plan, indent=1))
+        print(json.dumps(plan | {"store_tokens": tokens}, indent=1))
         return 0
+    model_info = _model(args)
     if args.url:
-        result = measure(args.url, args)
+        result = measure(given_store(args.url), args, model_info)
     else:
-        options = {  # a cluster's memory is per primary
-            "maxmemory": args.server_memory,
-            "io_threads": args.server_io_threads,
-            "binary": args.server,
-        }
         with (
             tempfile.TemporaryDirectory() as tmp,
-            private_store(tmp, args.server_cluster, **options) as srv,
+            private_share_store(tmp, args, tokens, model_info[2]) as store,
         ):
-            result = measure(srv.url, args)
+            result = measure(store, args, model_info)
     result["provenance"] = provenance(on_cuda(), args.commit)
     publish(result, args.json, table(result))
     return 0
