@@ -54,20 +54,21 @@ class Promoter:
             raise TransferError("an SSD job reached a worker without ssd_dirs configured")
         if fetches and self._fetcher is None:
             raise TransferError("a remote fetch reached a worker without remote_url configured")
-        failed: set[ChunkKey] = {c.key for c in reads}  # until read: nothing is there
+        failed: set[ChunkKey] = set()
         ssd_s = remote_s = 0.0
+        read_all = False  # a read that raised leaves every slot unknown: all fail
         try:
-            failed = set()
             if copies:
                 bad, ssd_s = self._ssd.promote(copies)  # type: ignore[union-attr]
                 failed |= bad
             if fetches:
                 bad, remote_s = self._fetcher.fetch(fetches)  # type: ignore[union-attr]
                 failed |= bad
+            read_all = True
         finally:  # the other ranks wait for every slot, whatever happened here
             if self._shared is not None:
                 for c in reads:
-                    self._shared.publish(c.cpu, job_id, c.key not in failed)
+                    self._shared.publish(c.cpu, job_id, read_all and c.key not in failed)
         return failed, ssd_s, remote_s
 
     def _await(
