@@ -7,16 +7,20 @@ Load it with::
                            "kv_role": "kv_both",
                            "kv_connector_extra_config": {"cpu_bytes": "8GiB"}}'
 
-In the scheduler process it forwards to :class:`MiniFlexManager`; in each
-worker to :class:`MiniFlexHandler`. The two exchange only
-:class:`MiniFlexMetadata` (a frozen ``TransferPlan``, going down) and
+Each hook forwards to one half, in one line where vLLM's base class asks nothing more:
+in the scheduler process
+:class:`~miniflex.connector.scheduler_hooks.SchedulerHooks` (the manager, vLLM's request
+objects, backfill, the status file, KV events), in each worker
+:class:`~miniflex.worker.step_driver.StepDriver` (one engine step, over this rank's
+:class:`MiniFlexHandler`). The facade holds no state of its own beyond what it learns of
+the engine at start (:class:`~miniflex.connector.worker_side.EngineFacts`). The two
+halves exchange only :class:`MiniFlexMetadata` (a frozen ``TransferPlan``, going down) and
 :class:`MiniFlexWorkerMeta` (``JobResult``s, coming back).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,25 +33,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.clocks import HOOKS, timed_hook
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat, preflight
-from miniflex.connector.adapter_keys import chunk_hashes
-from miniflex.connector.kv_events import TierEvents
-from miniflex.connector.live_state import LiveState
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
 from miniflex.connector.model_kinds import check_stateless, geometry_for
 from miniflex.connector.prom import MiniFlexPromMetrics
-from miniflex.connector.scheduler_side import recompute_failed_loads, start_manager
+from miniflex.connector.scheduler_hooks import SchedulerHooks
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
-from miniflex.errors import ConfigError, TransferError
+from miniflex.connector.worker_side import EngineFacts, open_worker, register_kv_caches
+from miniflex.errors import ConfigError
 from miniflex.keys import namespace_for
 from miniflex.plan import TransferPlan
-from miniflex.ranks import RankSetup, TPPlacement
-from miniflex.remote.tier import WorkerRemote
-from miniflex.scheduler.backfill import Backfill
-from miniflex.scheduler.hits import load_tokens_by_tier
-from miniflex.scheduler.lookup import first_chunk_held
+from miniflex.ranks import TPPlacement
 from miniflex.scheduler.manager import MiniFlexManager
-from miniflex.shared_pool import shared_pool_path
-from miniflex.types import ReqId
 from miniflex.worker.handler import MiniFlexHandler
 from miniflex.worker.step_driver import StepDriver
 
@@ -77,85 +73,42 @@ class MiniFlexConnector(KVConnectorBase_V1):
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = config if config is not None else MiniFlexConfig.from_dict(extra)
-        if kv_cache_config is None:
-            raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
-        geometry = geometry_for(
-            compat.engine_layout(vllm_config),
-            kv_cache_config,
-            self.config.chunk_blocks,
-            compat.hash_block_size(kv_cache_config),
-        )
-        self.geometry = geometry
-        self.placement = TPPlacement(compat.tp_size(vllm_config), replicated=geometry.latent)
-        if role == KVConnectorRole.WORKER:  # before anything is allocated or created
-            preflight.check_worker(self.config, geometry, compat.tp_rank(), self.placement)
-        preflight.check_cpu_bytes(self.config, geometry, self.placement)
-        self.num_slots = self.placement.per_store(self.config.cpu_bytes) // geometry.slot_bytes
-        # a latent cache has one head: its page is the same bytes in either order
-        self.page_order = "LBHNC" if geometry.latent else compat.page_order(kv_cache_config)
-        self.engine_id = compat.engine_id(vllm_config)
-        self.ns = namespace_for(
-            compat.model_name(vllm_config),
-            geometry,
-            self.page_order,
-            self.placement.tp_size,
-            self.placement.replicated,
-            compat.model_digest(vllm_config),
-        )
-        self._manager: MiniFlexManager | None = None
-        self._handler: MiniFlexHandler | None = None
-        self._requests: dict[ReqId, Any] = {}
-        self._live: LiveState | None = None  # scheduler: status file and /metrics levels
-        self._events: TierEvents  # scheduler: tier-tagged KV events (kv_events.py)
-        self._gauges: dict[str, int] = {}  # the levels /metrics has not been sent yet
-        self.hook_seconds = 0.0  # wall time in this side's hooks, not reported yet
-        self.backfill = Backfill(self.config.backfill_s)  # scheduler: who waits for room
-        self._step: StepDriver | None = None  # worker: the hooks of one engine step
+        self.facts = _engine_facts(self.config, vllm_config, kv_cache_config, role)
+        self.geometry, self.ns = self.facts.geometry, self.facts.ns
+        self._scheduler: SchedulerHooks | None = None
+        self._step: StepDriver | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._start_scheduler_side(vllm_config)
+            self._scheduler = SchedulerHooks(self.config, vllm_config, self.facts)
         else:
-            self._start_worker_side()
+            self._step = open_worker(self.config, self.facts)
 
-    def _start_scheduler_side(self, vllm_config: Any) -> None:
-        recompute_failed_loads(self._kv_transfer_config)
-        self._manager = start_manager(
-            self.config, vllm_config, self.geometry, self.ns, self.placement
-        )
-        self._live = LiveState(self.config.status_file)
-        self._live.start(self._manager.status())
-        self._events = TierEvents.for_engine(vllm_config, self._manager, self.ns)
-
-    def _start_worker_side(self) -> None:
-        rank = compat.tp_rank()
-        writes = self.placement.writes(rank)  # the store is checked before vLLM allocates
-        remote = WorkerRemote.open(self.config, self.ns.shard(rank).digest) if writes else None
-        self._handler = MiniFlexHandler(self.config, remote)
-        self._step = StepDriver(self._handler)
-
-    # ---------------- worker side ----------------
     @property
-    def handler(self) -> MiniFlexHandler:
-        assert self._handler is not None, "worker-side call on the scheduler connector"
-        return self._handler
+    def hook_seconds(self) -> float:
+        """Wall time in this side's hooks, not reported yet (``timed_hook`` adds to it)."""
+        return self._side.hook_seconds
 
+    @hook_seconds.setter
+    def hook_seconds(self, seconds: float) -> None:
+        self._side.hook_seconds = seconds
+
+    @property
+    def _side(self) -> SchedulerHooks | StepDriver:
+        side = self._scheduler if self._scheduler is not None else self._step
+        assert side is not None
+        return side
+
+    # ---------------- worker side: worker/step_driver.py says what each step does ----------
     @property
     def step(self) -> StepDriver:
         assert self._step is not None, "worker-side call on the scheduler connector"
         return self._step
 
+    @property
+    def handler(self) -> MiniFlexHandler:
+        return self.step.handler
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        rank = compat.tp_rank()
-        shared = self.placement.shared_pool
-        pool = shared_pool_path(self.engine_id, self.config.cpu_pool_file) if shared else None
-        setup = RankSetup(rank, self.placement, self.ns.shard(rank).digest, pool)
-        layout = self.handler.register(
-            kv_caches, self.num_slots, self.geometry.blocks_per_chunk, setup, self.geometry.latent
-        )
-        if layout.geometry != self.geometry or layout.order != self.page_order:
-            raise TransferError(
-                f"KV tensors ({layout.order}, {layout.geometry}) differ from what the scheduler "
-                f"planned for ({self.page_order}, {self.geometry})"
-            )
+        register_kv_caches(self.step, self.config, self.facts, kv_caches)
 
     def _plan(self) -> TransferPlan:
         meta = self._get_connector_metadata()
@@ -165,7 +118,6 @@ class MiniFlexConnector(KVConnectorBase_V1):
     def _plan_or_none(self) -> TransferPlan | None:
         return self._plan() if self.has_connector_metadata() else None
 
-    # Each worker hook is one step of worker/step_driver.py, which says what and why.
     @timed_hook
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -204,10 +156,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def build_connector_worker_meta(self) -> MiniFlexWorkerMeta | None:
-        report = self.step.report(self.hook_seconds)
-        if report is not None:
-            self.hook_seconds = 0.0
-        return MiniFlexWorkerMeta(*report) if report is not None else None
+        return MiniFlexWorkerMeta.of(self.step.report())
 
     @timed_hook
     def unregister_kv_caches(self) -> None:
@@ -218,133 +167,73 @@ class MiniFlexConnector(KVConnectorBase_V1):
         summary = HOOKS.summary()
         if summary:
             logger.info("MiniFlex hooks (calls/total/longest): %s", summary)
-        if self._handler is not None:
-            self._handler.shutdown()
-        if self._manager is not None:
-            self._report_scheduler_hooks()
-            if self._manager.remote is not None:
-                self._manager.remote.close()
-        if self._live is not None:
-            self._live.close(self.manager.status())  # the final state
+        if self._step is not None:
+            self._step.handler.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
 
-    # ---------------- scheduler side ----------------
+    # ---------------- scheduler side: connector/scheduler_hooks.py ----------------
+    @property
+    def scheduler(self) -> SchedulerHooks:
+        assert self._scheduler is not None, "scheduler-side call on a worker connector"
+        return self._scheduler
+
     @property
     def manager(self) -> MiniFlexManager:
-        assert self._manager is not None, "scheduler-side call on a worker connector"
-        return self._manager
-
-    def _report_scheduler_hooks(self) -> None:
-        hooks, self.hook_seconds = self.hook_seconds, 0.0
-        self.manager.on_clocks(scheduler_hooks=hooks)
+        return self.scheduler.manager
 
     @timed_hook
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """None: vLLM asks again later (a chunk lands on SSD, or ``backfill.py`` passes)."""
-        req_id, bs = request.request_id, self.geometry.block_size
-        need = -(-request.num_tokens // bs) - num_computed_tokens // bs  # GPU blocks it takes
-        if self.backfill.passes_over(req_id, need):
-            self.manager.stats.backfill_passes += 1
-            return None, False
-        self._requests[req_id] = request
-        hit = self.manager.lookup(
-            req_id, chunk_hashes(request), request.num_tokens, num_computed_tokens
-        )
-        if hit.tokens is None:
-            return None, False
-        self.backfill.asked(req_id, need)
-        return hit.tokens, hit.tokens > 0 and hit.load_async
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
     @timed_hook
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        self._requests[request.request_id] = request
-        self.backfill.admitted(request.request_id)
-        self.manager.on_alloc(
-            request.request_id, compat.request_block_ids(blocks), num_external_tokens
-        )
-        self._events.note(request)
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     @timed_hook
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
-        """vLLM 0.32+: the hit by tier (host: CPU, disk: SSD) for its per-source metric."""
-        st = self.manager.find_state(request.request_id)
-        load = st.load if st is not None else None
-        split = load_tokens_by_tier(load, num_external_tokens, self.geometry.chunk_tokens)
-        return compat.cache_hit_sources(split)
+        return self.scheduler.get_external_cache_hit_sources(request, num_external_tokens)
 
     @timed_hook
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        scheduled = compat.scheduled_requests(scheduler_output)
-        plan = self.manager.build_plan(
-            scheduled, compat.preempted_ids(scheduler_output), self._block_hashes
-        )
-        self._events.scheduled(scheduled, self._requests)
-        self.backfill.end_step()
-        self._report_scheduler_hooks()
-        return MiniFlexMetadata(plan)
-
-    def _block_hashes(self, req_id: ReqId) -> Sequence[bytes] | None:
-        request = self._requests.get(req_id)
-        return chunk_hashes(request) if request is not None else None
+        return self.scheduler.build_connector_meta(scheduler_output)
 
     @timed_hook
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        if connector_output.finished_sending:  # vLLM frees the blocks it held for stores
-            self.backfill.room(len(connector_output.finished_sending))
-        meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, MiniFlexWorkerMeta):  # each part is often empty: every step
-            if meta.probes:
-                self.manager.on_probes(meta.probes)
-            if meta.results:
-                self.manager.on_results(meta.results)
-            if meta.step_seconds:
-                self.manager.on_step_times(meta.step_seconds)
-            self.manager.on_clocks(
-                worker_hooks=meta.hook_seconds, thread_cpu=meta.thread_cpu_seconds
-            )
+        self.scheduler.update_connector_output(connector_output)
 
     @timed_hook
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
-        req_id = request.request_id
-        params = self.manager.settle_hits(req_id).finished_params()
-        delay = self.manager.on_finished(req_id)
-        self.backfill.forget(req_id)
-        self._events.forget(req_id)
-        if not delay:
-            self.backfill.room()
-        self._requests.pop(req_id, None)
-        self._observe()  # an abort may end the last request between engine steps
-        return delay, params
+        return self.scheduler.request_finished(request, block_ids)
 
     def may_load_async(self, request: Any) -> bool:
-        """vLLM 0.34+ (``--max-num-inflight-kv-loads``): whether the request may load a hit
-        asynchronously: a tier holds its first chunk, or a remote store may."""
-        m = self.manager
-        return first_chunk_held(m.ns, m.tiers, m.remote is not None, chunk_hashes(request))
+        """vLLM 0.34+ (``--max-num-inflight-kv-loads``)."""
+        return self.scheduler.may_load_async(request)
 
     def take_events(self) -> list[Any]:
-        """vLLM's KV events for the chunks MiniFlex's tiers gained and lost (``kv_events.py``)."""
-        return self._events.take()
+        return self.scheduler.take_events()
 
     def reset_cache(self) -> bool:
         """``reset_prefix_cache(reset_connector=True)``: forget every chunk in every tier.
 
         The SSD store forgets its chunks durably too (a reset usually means new weights),
         in order with the transfers already queued."""
-        dropped = self.manager.reset()
-        logger.info("MiniFlex cache reset: %d chunks dropped", dropped)
+        logger.info("MiniFlex cache reset: %d chunks dropped", self.scheduler.reset_cache())
         return True
 
     @timed_hook
     def has_pending_block_frees(self) -> bool:
-        return self.manager.has_pending_frees()
+        return self.scheduler.has_pending_block_frees()
 
     @timed_hook
     def has_pending_push_work(self) -> bool:
-        """Step on while jobs are in flight (their results arrive), and once more after a
-        request ended between steps with levels /metrics has not been sent."""
-        return self.manager.has_jobs() or bool(self._gauges)
+        return self.scheduler.has_pending_push_work()
+
+    @timed_hook
+    def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
+        return self._scheduler.get_kv_connector_stats() if self._scheduler is not None else None
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -363,28 +252,6 @@ class MiniFlexConnector(KVConnectorBase_V1):
         check_stateless(compat.model_name(vllm_config), compat.state_model(vllm_config))
         return "HND"  # LBHNC pages: valid on every supported version and the CPU backend
 
-    def _observe(self) -> None:
-        """Snapshot the state when due (see ``live_state.py``); keep its levels for /metrics."""
-        m = self.manager
-        busy = bool(self._requests) or m.has_jobs() or m.has_pending_frees()
-        assert self._live is not None
-        gauges = self._live.observe(busy, m.status)
-        if gauges is not None:
-            self._gauges = gauges
-
-    @timed_hook
-    def get_kv_connector_stats(self) -> MiniFlexConnectorStats | None:
-        """After each step: counters since the last call, and levels (``now_*``) if fresh."""
-        m = self._manager
-        if m is None:
-            return None
-        counters = {} if m.stats.is_empty() else m.take_stats().as_counters()
-        self._observe()
-        gauges, self._gauges = self._gauges, {}
-        if not counters and not gauges:
-            return None
-        return MiniFlexConnectorStats(data={**counters, **gauges})
-
     @classmethod
     def build_prom_metrics(
         cls,
@@ -398,3 +265,35 @@ class MiniFlexConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MiniFlexConnectorStats:
         return MiniFlexConnectorStats(data=dict(data or {}))
+
+
+def _engine_facts(
+    config: MiniFlexConfig, vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole
+) -> EngineFacts:
+    """What both halves plan for, checked before anything is allocated or started."""
+    if kv_cache_config is None:
+        raise ConfigError("kv_cache_config", None, "vLLM 0.26 or newer passes it to connectors")
+    geometry = geometry_for(
+        compat.engine_layout(vllm_config),
+        kv_cache_config,
+        config.chunk_blocks,
+        compat.hash_block_size(kv_cache_config),
+    )
+    placement = TPPlacement(compat.tp_size(vllm_config), replicated=geometry.latent)
+    if role == KVConnectorRole.WORKER:
+        preflight.check_worker(config, geometry, compat.tp_rank(), placement)
+    preflight.check_cpu_bytes(config, geometry, placement)
+    # a latent cache has one head: its page is the same bytes in either order
+    page_order = "LBHNC" if geometry.latent else compat.page_order(kv_cache_config)
+    ns = namespace_for(
+        compat.model_name(vllm_config),
+        geometry,
+        page_order,
+        placement.tp_size,
+        placement.replicated,
+        compat.model_digest(vllm_config),
+    )
+    num_slots = placement.per_store(config.cpu_bytes) // geometry.slot_bytes
+    return EngineFacts(
+        geometry, placement, page_order, ns, num_slots, compat.engine_id(vllm_config)
+    )

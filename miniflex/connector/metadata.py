@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
@@ -10,6 +11,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from miniflex.plan import JobResult, LoadProbe, TransferPlan
+
+if TYPE_CHECKING:
+    from miniflex.worker.step_driver import WorkerReport
 
 __all__ = ["MiniFlexMetadata", "MiniFlexWorkerMeta"]
 
@@ -34,6 +38,11 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     """Wall seconds in the worker's hooks since its last report (``clocks.py``)."""
     thread_cpu_seconds: float = 0.0
     """CPU seconds of the worker's transfer and SSD threads since its last report."""
+
+    @classmethod
+    def of(cls, report: WorkerReport | None) -> MiniFlexWorkerMeta | None:
+        """The worker half's report (:meth:`StepDriver.report`), if it has one."""
+        return cls(*report) if report is not None else None
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, MiniFlexWorkerMeta), type(other)

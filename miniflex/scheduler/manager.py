@@ -23,7 +23,7 @@ and never touches KV bytes. Per engine step:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from miniflex.config import MiniFlexConfig
@@ -188,11 +188,11 @@ class MiniFlexManager:
         self,
         scheduled: Iterable[ScheduledReq],
         preempted: Iterable[ReqId],
-        block_hashes: Callable[[ReqId], Sequence[bytes] | None],
+        block_hashes: Mapping[ReqId, Sequence[bytes]],
     ) -> TransferPlan:
-        """Everything the workers must do this step. ``block_hashes``: a request's block
-        hashes (None: not known to the connector), asked only of requests that complete
-        a chunk in this step."""
+        """Everything the workers must do this step. ``block_hashes``: the block hashes of
+        the requests the connector knows, read only for requests that complete a chunk in
+        this step (a lazy view: most steps read none)."""
         # Preemptions first: vLLM may preempt and resume a request in one step
         # (reset_prefix_cache(reset_running_requests=True)); the block table it
         # got on resumption (on_alloc earlier in this step, or the scheduled
@@ -238,7 +238,7 @@ class MiniFlexManager:
     def _schedule(
         self,
         scheduled: Iterable[ScheduledReq],
-        block_hashes: Callable[[ReqId], Sequence[bytes] | None],
+        block_hashes: Mapping[ReqId, Sequence[bytes]],
     ) -> tuple[list[TransferJob], list[int]]:
         """The store jobs of this step's scheduled requests, and the tokens each computes
         (may the step replay a full graph?)."""
@@ -260,7 +260,7 @@ class MiniFlexManager:
             # nothing else to look at (every engine step pays for this loop).
             if not store or done // ct <= st.stored_chunks:
                 continue
-            hashes = block_hashes(s.req_id)
+            hashes = block_hashes.get(s.req_id)
             if hashes is not None:
                 job = self._stores.job(st, hashes, done, self.stats)
                 if job is not None:

@@ -41,6 +41,8 @@ class StepDriver:
 
     def __init__(self, handler: MiniFlexHandler) -> None:
         self.handler = handler
+        self.hook_seconds = 0.0
+        """Wall time in this side's hooks, not reported yet (the facade's clock adds it)."""
         self._thread_cpu = 0.0  # CPU time of the handler's threads, not reported yet
 
     def bound(self, plan: TransferPlan) -> None:
@@ -82,10 +84,10 @@ class StepDriver:
     def load_errors(self) -> set[int]:
         return set(self.handler.take_load_errors())
 
-    def report(self, hook_seconds: float) -> WorkerReport | None:
+    def report(self) -> WorkerReport | None:
         """What the scheduler half gets this step; None while there is nothing worth sending
-        (the clocks alone wait until they pass :data:`CLOCK_REPORT_S`). The caller resets
-        its hook seconds when this returns a report."""
+        (the clocks alone wait until they pass :data:`CLOCK_REPORT_S`)."""
+        hook_seconds = self.hook_seconds
         results = self.handler.take_results()
         steps = self.handler.take_step_times()
         probe = self.handler.take_probe()
@@ -94,5 +96,5 @@ class StepDriver:
         if not (results or steps or probes) and hook_seconds + cpu < CLOCK_REPORT_S:
             self._thread_cpu = cpu
             return None
-        self._thread_cpu = 0.0
+        self._thread_cpu = self.hook_seconds = 0.0
         return tuple(results), tuple(steps), probes, hook_seconds, cpu

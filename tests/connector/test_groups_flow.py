@@ -273,9 +273,9 @@ def test_a_request_the_main_group_passes_over_is_looked_up_in_no_other_group(
     conn = engine.sched.connector
     assert isinstance(conn, MiniFlexGroupsConnector)
     main, other = conn.parts[conn.main], conn.parts[1 - conn.main]
-    assert other.backfill.wait_s == 0 and main.backfill.wait_s > 0
-    main.backfill.asked("earlier", 10)
-    main.backfill.end_step()  # "earlier" needed 10 blocks and was not admitted
+    assert other.scheduler.backfill.wait_s == 0 and main.scheduler.backfill.wait_s > 0
+    main.scheduler.backfill.asked("earlier", 10)
+    main.scheduler.backfill.end_step()  # "earlier" needed 10 blocks and was not admitted
     req = engine.add("big", tokens(9, 12 * BLOCK), sched=False)
     assert conn.get_num_new_matched_tokens(req, 0) == (None, False)
     assert other.manager.find_state("big") is None and main.manager.find_state("big") is None

@@ -23,7 +23,7 @@ def driver() -> Iterator[StepDriver]:
     h = MiniFlexHandler(MiniFlexConfig(mover="cpu"))
     h.register(kv, num_slots=4, blocks_per_chunk=1)
     d = StepDriver(h)
-    d.report(0.0)  # the start-up probe's report
+    d.report()  # the start-up probe's report
     yield d
     h.shutdown()
 
@@ -51,7 +51,7 @@ def test_a_step_stores_after_its_forward_and_releases_once_stored(driver: StepDr
         wait_until(lambda: driver.handler.in_flight(ReqId("a")) == 0, "the store")
         sending, _ = driver.finished(None)
     assert sending == {"a"}
-    report = driver.report(0.0)
+    report = driver.report()
     assert report is not None
     results, steps, _probes, _hook_s, _cpu_s = report
     assert [(r.job_id, r.kind, r.ok) for r in results] == [(1, JobKind.STORE, True)]
@@ -89,6 +89,9 @@ def test_a_forward_without_miniflex_metadata_queues_nothing(driver: StepDriver) 
 
 
 def test_clocks_alone_wait_until_they_are_worth_a_report(driver: StepDriver) -> None:
-    assert driver.report(CLOCK_REPORT_S / 4) is None
-    report = driver.report(CLOCK_REPORT_S)
-    assert report is not None and report[3] == CLOCK_REPORT_S and report[0] == ()
+    driver.hook_seconds = CLOCK_REPORT_S / 4
+    assert driver.report() is None
+    driver.hook_seconds += CLOCK_REPORT_S * 3 / 4  # kept until a report carries them
+    report = driver.report()
+    assert report is not None and report[3] == pytest.approx(CLOCK_REPORT_S) and report[0] == ()
+    assert driver.hook_seconds == 0.0

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from miniflex.config import MiniFlexConfig
-from miniflex.plan import ChunkMove, JobId, JobKind, LoadTiming, TransferJob, TransferPlan
-from miniflex.types import BlockId, ReqId, SlotId
+from miniflex.plan import JobId, JobKind, LoadTiming, TransferPlan
+from miniflex.types import ReqId
 from miniflex.worker.handler import MiniFlexHandler
 from miniflex.worker.step_driver import StepDriver
 from tests.connector.movers import POISON, GatedMover
 from tests.handler_steps import wait_until
+from tests.unit.test_step_driver import job
 
 BLOCKS = 8
 LAYERS = ("layer.0", "layer.1")
@@ -32,11 +33,6 @@ def rank() -> Iterator[Rank]:
     yield StepDriver(h), mover, kv
     mover.store_gate.set()
     h.shutdown()
-
-
-def job(i: int, req: str, kind: JobKind, block: int, slot: int, **kw: object) -> TransferJob:
-    chunk = ChunkMove(SlotId(slot), (BlockId(block),))
-    return TransferJob(JobId(i), ReqId(req), kind, (chunk,), **kw)  # type: ignore[arg-type]
 
 
 def run_step(d: StepDriver, plan: TransferPlan) -> tuple[set[str] | None, set[str] | None]:
@@ -101,7 +97,7 @@ def test_an_in_step_load_lands_each_layer_before_that_layer_runs(rank: Rank) -> 
     driver.after_forward(plan)
     assert driver.finished(plan) == (None, None)  # never finished-receiving: vLLM did not wait
     assert driver.load_errors() == set()
-    report = driver.report(0.0)
+    report = driver.report()
     assert report is not None
     assert (JobId(2), JobKind.LOAD, True) in {(r.job_id, r.kind, r.ok) for r in report[0]}
 
@@ -130,7 +126,7 @@ def test_a_requests_store_is_failed_when_its_in_step_load_failed(rank: Rank) -> 
     wait_until(lambda: driver.handler.in_flight(ReqId("b")) == 0, "the store's report")
     driver.finished(None)
     assert driver.load_errors() == {5}
-    report = driver.report(0.0)
+    report = driver.report()
     assert report is not None
     by_job = {r.job_id: r for r in report[0]}
     assert not by_job[JobId(2)].ok and not by_job[JobId(3)].ok
@@ -153,9 +149,9 @@ def test_an_async_load_that_fails_is_received_with_its_blocks_as_load_errors(
 def test_the_first_report_carries_the_probe_and_results_are_reported_once(rank: Rank) -> None:
     driver, _, _ = rank
     stored(driver, block=2, slot=0)
-    first = driver.report(0.0)
+    first = driver.report()
     assert first is not None
     results, _steps, probes, _hook_s, _cpu_s = first
     assert len(probes) == 1 and [r.job_id for r in results] == [90]
-    again = driver.report(0.0)
+    again = driver.report()
     assert again is None or (again[0], again[1], again[2]) == ((), (), ())
