@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector import offline_llm
+from miniflex.tools import offline_llm
 from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
 from miniflex.tools.tinymodel_mla import write_tiny_mla_model
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miniflex.connector import offline_llm
+from miniflex.tools import offline_llm
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 BLOCKS_PER_CHUNK = 2

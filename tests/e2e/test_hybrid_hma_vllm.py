@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miniflex.connector import offline_llm
+from miniflex.tools import offline_llm
 from miniflex.tools.offline_llm import evict_gpu_prefix_cache
 from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
 from tests.e2e.engine import (
