@@ -26,8 +26,8 @@ from miniflex.connector.scheduler_side import recompute_failed_loads, start_mana
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.connector.worker_side import EngineFacts
 from miniflex.scheduler.backfill import Backfill
-from miniflex.scheduler.hits import load_tokens_by_tier
 from miniflex.scheduler.lookup import first_chunk_held
+from miniflex.scheduler.requests import load_tokens_by_tier
 from miniflex.types import ReqId
 
 __all__ = ["RequestHashes", "SchedulerHooks"]

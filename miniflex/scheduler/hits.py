@@ -4,26 +4,23 @@ A request's hit is counted in tokens per tier name (``"cpu"``, ``"ssd"``):
 
 - :class:`Hit`, the frozen answer of one lookup: how many tokens to load, how, and what
   each tier held before the cost model chose (``resident_tokens_*``);
-- :func:`load_tokens_by_tier`: a promised load split by source tier (vLLM 0.32+'s
-  ``get_external_cache_hit_sources``);
-- :func:`served_by_tier` and :func:`credit`: the blocks a finished load delivered, added to
-  the request (``hit_tokens_*``); the engine-wide tally is ``TransferStats.hit_tokens``.
+- :func:`served_by_tier`: the blocks a finished load delivered, by tier, which
+  :meth:`~miniflex.scheduler.requests.ReqState.credit` adds to the request
+  (``hit_tokens_*``); the engine-wide tally is ``TransferStats.hit_tokens``;
+- a promised load split by source tier is
+  :func:`~miniflex.scheduler.requests.load_tokens_by_tier` (beside the load it reads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from miniflex.cost import Decision
 from miniflex.plan import LoadTiming
 from miniflex.types import Tier
 
-if TYPE_CHECKING:
-    from miniflex.scheduler.requests import PendingLoad, ReqState
-
-__all__ = ["Hit", "credit", "load_tokens_by_tier", "served_by_tier", "tokens_by_tier"]
+__all__ = ["Hit", "served_by_tier", "tokens_by_tier"]
 
 
 @dataclass(frozen=True)
@@ -62,35 +59,6 @@ def tokens_by_tier(
     return out
 
 
-def load_tokens_by_tier(
-    load: PendingLoad | None, num_tokens: int, chunk_tokens: int
-) -> dict[Tier | None, int]:
-    """``num_tokens`` of a load promised to vLLM, split by the tier each token is read from.
-
-    The load starts at ``load.first_token`` (vLLM's own hit, which may fall inside a
-    chunk); ``load.sources[i]`` says where its i-th chunk comes from. Tokens of chunks
-    it holds no source for (no longer resident when it was pinned: they become load
-    errors and are recomputed), or of no load at all, count under ``None``. The counts
-    sum to ``num_tokens``; zero counts are left out. Example, 32-token chunks, a load of
-    80 tokens from token 16 whose chunks are CPU, SSD, CPU::
-
-        tokens 16-31 -> CPU, 32-63 -> SSD, 64-95 -> CPU  ==  {CPU: 48, SSD: 32}
-    """
-    out: dict[Tier | None, int] = {}
-    first = load.first_token if load is not None else 0
-    sources = load.sources if load is not None else []
-    c0, end = first // chunk_tokens, first + num_tokens
-    for i, src in enumerate(sources):
-        lo, hi = max(first, (c0 + i) * chunk_tokens), min(end, (c0 + i + 1) * chunk_tokens)
-        if hi <= lo:
-            break
-        out[src.tier] = out.get(src.tier, 0) + hi - lo
-    rest = num_tokens - sum(out.values())
-    if rest > 0:
-        out[None] = rest
-    return out
-
-
 def served_by_tier(block_tiers: Sequence[Tier], block_size: int) -> dict[str, int]:
     """Tier name -> tokens of the loaded blocks, ``block_tiers`` giving each block's tier."""
     served: dict[str, int] = {}
@@ -98,10 +66,3 @@ def served_by_tier(block_tiers: Sequence[Tier], block_size: int) -> dict[str, in
         name = tier.name.lower()
         served[name] = served.get(name, 0) + block_size
     return served
-
-
-def credit(st: ReqState, served: Mapping[str, int]) -> None:
-    """Add a finished load's tokens per tier to the request's hits."""
-    st.hit_tokens += sum(served.values())
-    for tier, n in served.items():
-        st.hit_by_tier[tier] = st.hit_by_tier.get(tier, 0) + n

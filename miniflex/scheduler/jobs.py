@@ -36,7 +36,7 @@ from miniflex.plan import (
 )
 from miniflex.remote.lookup import RemoteLookup
 from miniflex.scheduler.advisor import HitAdvisor
-from miniflex.scheduler.hits import credit, served_by_tier
+from miniflex.scheduler.hits import served_by_tier
 from miniflex.scheduler.requests import PendingLoad, ReqState
 from miniflex.stats import TransferStats
 from miniflex.tiers import ChunkSource, TierStack
@@ -171,7 +171,7 @@ class LoadRecord(JobRecord):
             st.load_job, st.load_job_sync = None, False
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
             if not self.counted:
-                credit(st, served)
+                st.credit(served)
                 self._trace(st, self._good_blocks() if self.ok else 0, ctx.ns.blocks_per_chunk)
         if not self.ok:
             ctx.stats.failed_jobs += 1
@@ -181,7 +181,7 @@ class LoadRecord(JobRecord):
         result arrives (it succeeded: vLLM does not finish a request whose load failed)."""
         if not self.counted:
             self.counted = True
-            credit(st, served_by_tier(self.block_tiers, ns.block_size))
+            st.credit(served_by_tier(self.block_tiers, ns.block_size))
             self._trace(st, len(self.block_tiers), ns.blocks_per_chunk)
 
     def _trace(self, st: ReqState, good: int, blocks_per_chunk: int) -> None:

@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sized
+from typing import Any, Protocol
 
+from miniflex.config import MiniFlexConfig
+from miniflex.cost import CostModel
+from miniflex.keys import Namespace
+from miniflex.remote.lookup import RemoteLookup
 from miniflex.stats import TransferStats
+from miniflex.tiers import SlotTier, TierStack
 
-if TYPE_CHECKING:
-    from miniflex.scheduler.manager import MiniFlexManager
-
-__all__ = ["manager_status"]
+__all__ = ["StatusSource", "manager_status"]
 
 
-def manager_status(m: MiniFlexManager) -> dict[str, Any]:
+class StatusSource(Protocol):
+    """What the status reads of the manager (:class:`~miniflex.scheduler.manager.MiniFlexManager`
+    is one), named here so that this module does not import it."""
+
+    config: MiniFlexConfig
+    ns: Namespace
+    cost: CostModel
+    remote: RemoteLookup | None
+    tiers: TierStack
+    jobs: Sized
+    totals: TransferStats
+    stats: TransferStats
+
+    @property
+    def cpu(self) -> SlotTier: ...
+
+    @property
+    def ssd(self) -> SlotTier | None: ...
+
+    @property
+    def num_requests(self) -> int: ...
+
+
+def manager_status(m: StatusSource) -> dict[str, Any]:
     """Tiers, the cost model and cumulative counters of ``m``."""
     tiers = [m.cpu.usage()] + ([m.ssd.usage()] if m.ssd is not None else [])
     return {
@@ -38,7 +64,7 @@ def manager_status(m: MiniFlexManager) -> dict[str, Any]:
     }
 
 
-def _cost_model(m: MiniFlexManager) -> dict[str, Any]:
+def _cost_model(m: StatusSource) -> dict[str, Any]:
     cost = m.cost
     prefill = cost.prefill
     return {

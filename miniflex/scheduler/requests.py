@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -14,7 +14,7 @@ from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
 from miniflex.types import BlockId, ChunkKey, ReqId, Tier
 
-__all__ = ["PendingLoad", "ReqState", "ScheduledReq"]
+__all__ = ["PendingLoad", "ReqState", "ScheduledReq", "load_tokens_by_tier"]
 
 
 class ScheduledReq(NamedTuple):
@@ -89,6 +89,12 @@ class ReqState:
         :class:`~miniflex.scheduler.store_planner.StorePlanner`)."""
         return self.store_waits_since is not None and self.store_due > self.stored_chunks
 
+    def credit(self, served: Mapping[str, int]) -> None:
+        """Add a finished load's tokens per tier (``served_by_tier``) to the request's hits."""
+        self.hit_tokens += sum(served.values())
+        for tier, n in served.items():
+            self.hit_by_tier[tier] = self.hit_by_tier.get(tier, 0) + n
+
     def finished_params(self) -> dict[str, dict[str, object]]:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
         in tokens, by tier, and what each tier held of it at its last lookup."""
@@ -106,3 +112,32 @@ class ReqState:
     def busy(self) -> bool:
         """True while MiniFlex still moves bytes of this request's blocks, or will."""
         return self.load_job is not None or bool(self.store_jobs) or self.store_waits
+
+
+def load_tokens_by_tier(
+    load: PendingLoad | None, num_tokens: int, chunk_tokens: int
+) -> dict[Tier | None, int]:
+    """``num_tokens`` of a load promised to vLLM, split by the tier each token is read from.
+
+    The load starts at ``load.first_token`` (vLLM's own hit, which may fall inside a
+    chunk); ``load.sources[i]`` says where its i-th chunk comes from. Tokens of chunks
+    it holds no source for (no longer resident when it was pinned: they become load
+    errors and are recomputed), or of no load at all, count under ``None``. The counts
+    sum to ``num_tokens``; zero counts are left out. Example, 32-token chunks, a load of
+    80 tokens from token 16 whose chunks are CPU, SSD, CPU::
+
+        tokens 16-31 -> CPU, 32-63 -> SSD, 64-95 -> CPU  ==  {CPU: 48, SSD: 32}
+    """
+    out: dict[Tier | None, int] = {}
+    first = load.first_token if load is not None else 0
+    sources = load.sources if load is not None else []
+    c0, end = first // chunk_tokens, first + num_tokens
+    for i, src in enumerate(sources):
+        lo, hi = max(first, (c0 + i) * chunk_tokens), min(end, (c0 + i + 1) * chunk_tokens)
+        if hi <= lo:
+            break
+        out[src.tier] = out.get(src.tier, 0) + hi - lo
+    rest = num_tokens - sum(out.values())
+    if rest > 0:
+        out[None] = rest
+    return out

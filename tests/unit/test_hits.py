@@ -4,8 +4,7 @@ vLLM 0.32+ asks (get_external_cache_hit_sources)."""
 from __future__ import annotations
 
 from miniflex.connector import compat
-from miniflex.scheduler.hits import load_tokens_by_tier
-from miniflex.scheduler.requests import PendingLoad
+from miniflex.scheduler.requests import PendingLoad, load_tokens_by_tier
 from miniflex.tiers import ChunkSource
 from miniflex.types import ChunkKey, SlotId, Tier
 

@@ -163,3 +163,41 @@ def test_the_config_package_imports_only_the_base_modules() -> None:
             if module.startswith("miniflex.") and not module.startswith(base):
                 bad.append(f"miniflex/{rel}:{line} imports {module}")
     assert not bad, "the config package imports upward:\n" + "\n".join(sorted(bad))
+
+
+def _cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """One path of imports that leads from ``start`` back to it, if there is one."""
+    todo, seen = [(start, [start])], set()
+    while todo:
+        name, path = todo.pop()
+        for dep in sorted(graph.get(name, ())):
+            if dep == start:
+                return [*path, start]
+            if dep not in seen:
+                seen.add(dep)
+                todo.append((dep, [*path, dep]))
+    return None
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Type-only imports (under ``TYPE_CHECKING``) and lazy ones count too: a circle is two
+    modules that cannot be read, or moved, one without the other. A module's import of
+    its own package (``from miniflex.connector import compat``) is not an edge to it."""
+    parsed = _parsed()
+    graph: dict[str, set[str]] = {}
+    for name, (_, imports) in parsed.items():
+        deps = graph.setdefault(name, set())
+        for module, _, _ in imports:
+            parts = module.split(".")
+            target = next(
+                (
+                    ".".join(parts[:i])
+                    for i in range(len(parts), 0, -1)
+                    if ".".join(parts[:i]) in parsed
+                ),
+                None,
+            )
+            if target is not None and target != name and not name.startswith(target + "."):
+                deps.add(target)
+    circles = {" -> ".join(c) for name in graph if (c := _cycle_from(graph, name)) is not None}
+    assert not circles, "import circles:\n" + "\n".join(sorted(circles))

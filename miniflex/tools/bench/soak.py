@@ -28,16 +28,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from miniflex.tools.bench.base import Log, Workload
 from miniflex.tools.bench.driver import Driver
 from miniflex.tools.bench.faults import corrupt_chunks, corrupt_journal
 from miniflex.tools.bench.soak_checks import counters, wait_idle
 from miniflex.tools.bench.soak_load import Load, Outcome, PromptPool, mismatches
-
-if TYPE_CHECKING:
-    from miniflex.tools.bench.soak_driver import ServerDriver
+from miniflex.tools.bench.soak_server import ServerDriver
 
 __all__ = ["FAULTS", "SoakWorkload"]
 
@@ -82,8 +80,6 @@ class SoakWorkload(Workload):
         return self.faults[(index - 1) % len(self.faults)]
 
     def run(self, driver: Driver, log: Log) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        from miniflex.tools.bench.soak_driver import ServerDriver
-
         assert isinstance(driver, ServerDriver), "the soak starts its own servers"
         load = Load(driver.url, driver.model, self.pool, self.max_tokens)
         if not driver.miniflex:

@@ -28,9 +28,7 @@ from typing import Any
 
 from miniflex.errors import ConfigError
 from miniflex.model_shape import DTYPE_BYTES, ModelShape
-from miniflex.ssd.store import rank_dirs
 from miniflex.tools.bench.faults import SmallDisk
-from miniflex.tools.bench.http import HttpDriver
 from miniflex.tools.bench.model import PromptMaker
 from miniflex.tools.bench.provenance import provenance
 from miniflex.tools.bench.report import Progress
@@ -38,43 +36,9 @@ from miniflex.tools.bench.runner import Candidate, Outputs, run_side_by_side
 from miniflex.tools.bench.server import ServerProcess
 from miniflex.tools.bench.soak import FAULTS, SoakWorkload
 from miniflex.tools.bench.soak_load import PromptPool
+from miniflex.tools.bench.soak_server import ServerDriver
 
-__all__ = ["ServerDriver", "run_soak"]
-
-STOP_S = 30.0
-"""How long a server stopped on the way out may take before it is killed."""
-
-
-class ServerDriver(HttpDriver):
-    """A server started (and stopped) here; the soak may kill and restart it."""
-
-    def __init__(
-        self,
-        server: ServerProcess,
-        prompts: PromptMaker,
-        status_file: str | None = None,
-        ssd_dir: str | None = None,
-        disk: SmallDisk | None = None,
-    ) -> None:
-        try:
-            server.wait_ready()
-        except BaseException:  # interrupted, or it never came up: stop it, then say so
-            server.stop(timeout_s=STOP_S)
-            raise
-        super().__init__(server.name, server.url, prompts)
-        self.server = server
-        self.miniflex = server.miniflex
-        self.status_file = status_file
-        self.ssd_dir = ssd_dir
-        self.disk = disk or SmallDisk(0)  # never entered: no disk
-
-    @property
-    def rank_dir(self) -> str:
-        assert self.ssd_dir is not None
-        return rank_dirs([self.ssd_dir], 0)[0]
-
-    def close(self) -> None:
-        self.server.stop()
+__all__ = ["run_soak"]
 
 
 def _engine_args(args: argparse.Namespace, shape: ModelShape) -> list[str]:
