@@ -37,7 +37,7 @@ def timed_read(store: SSDStore, items: list, part_bytes: int) -> tuple[float, fl
     """(seconds for the read, seconds until its first part was in)."""
     first: list[float] = []
     t0 = time.perf_counter()
-    ok = store.read(items, part_bytes, lambda p: first.append(time.perf_counter()))
+    ok, _ = store.read(items, part_bytes, lambda p: first.append(time.perf_counter()))
     seconds = time.perf_counter() - t0
     assert all(ok), "a chunk failed its read"
     return seconds, (first[0] - t0) if first else seconds

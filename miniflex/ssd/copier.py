@@ -94,9 +94,9 @@ class SSDCopier:
         seconds the read took, not counting a wait for a write-back holding the store).
         ``part_bytes``, ``on_part``: read in parts, told of each (:meth:`SSDStore.read`)."""
         items = [(c.key, c.ssd, self._view(c)) for c in copies]
-        ok = self.store.read(items, part_bytes, on_part)
+        ok, seconds = self.store.read(items, part_bytes, on_part)
         failed = {c.key for c, good in zip(copies, ok, strict=True) if not good}
-        return failed, self.store.last_read_seconds
+        return failed, seconds
 
     def demote(self, copies: Sequence[SlotCopy]) -> set[ChunkKey]:
         """Write each CPU slot to its SSD slot, durably; returns the keys that failed."""

@@ -21,7 +21,7 @@ Example::
     store = SSDStore(["/nvme0/mf", "/nvme1/mf"], 64 << 30, geometry.slot_bytes, ns.digest)
     seed = store.recovered()  # key -> slot, to seed the scheduler's SlotTier
     ok = store.write([(key, SlotId(7), memoryview(pool.slot(3)))])
-    ok = store.read([(key, SlotId(7), memoryview(pool.slot(4)))])
+    ok, _seconds = store.read([(key, SlotId(7), memoryview(pool.slot(4)))])
 """
 
 from __future__ import annotations
@@ -135,8 +135,6 @@ class SSDStore:
         self._num_slots = slot_count(total_bytes, len(dirs), slot_bytes)
         file_slots = self._num_slots // len(dirs)
         self._mutex = threading.Lock()
-        self.last_read_seconds = 0.0
-        """Duration of the last :meth:`read`, without waiting for the store's lock."""
         self._fds: list[int] = []
         self._lock_fds: list[int] = []
         self._journal: SlotJournal | None = None
@@ -219,8 +217,10 @@ class SSDStore:
         items: Sequence[Item],
         part_bytes: int = 0,
         on_part: Callable[[int], None] | None = None,
-    ) -> list[bool]:
-        """Read each ``(key, slot, buf)`` into ``buf`` and verify its checksum.
+    ) -> tuple[list[bool], float]:
+        """Read each ``(key, slot, buf)`` into ``buf`` and verify its checksum: ``(ok per
+        item, seconds)``, the seconds once the read held the store (a write holding it is
+        not counted).
 
         ``False`` for a key not journaled at that slot, an I/O error or a
         checksum mismatch; the latter two drop the key (journal DEL), so a
@@ -255,8 +255,7 @@ class SSDStore:
                 if good and not ok[i]:
                     log.error("SSD store: chunk %032x in slot %d fails its checksum", *items[i][:2])
             self._drop([items[i][0] for i in sums if not ok[i]])
-            self.last_read_seconds = time.perf_counter() - t0
-            return ok
+            return ok, time.perf_counter() - t0
 
     def clear(self) -> None:
         """Forget every chunk durably (the journal is rewritten empty)."""

@@ -28,7 +28,7 @@ def test_damaged_bytes_are_what_the_store_and_journal_then_report(direct_dir: Pa
     assert len(hit) == 5 and damaged == 0
     with ThreadBackend(4) as io, SSDStore([str(direct_dir)], 32 * SLOT, SLOT, DIGEST, io) as s:
         bufs = {k: aligned(SLOT) for k in data}
-        ok = s.read([(ChunkKey(k), SlotId(k), memoryview(bufs[k])) for k in data])
+        ok, _ = s.read([(ChunkKey(k), SlotId(k), memoryview(bufs[k])) for k in data])
         assert {k for k, good in zip(data, ok, strict=True) if not good} == hit
         assert all(np.array_equal(bufs[k], data[k]) for k in data if k not in hit)
     assert corrupt_journal(direct_dir, 3, seed=4) == 3

@@ -37,7 +37,7 @@ def read_in_parts(store: SSDStore, placed: dict[int, int], seen: list) -> dict[i
         seen.append((p, all(np.array_equal(bufs[k][lo:hi], chunk(k)[lo:hi]) for k in placed)))
 
     items = [(ChunkKey(k), SlotId(s), memoryview(bufs[k])) for k, s in placed.items()]
-    for k, good in zip(placed, store.read(items, PART, on_part), strict=True):
+    for k, good in zip(placed, store.read(items, PART, on_part)[0], strict=True):
         bufs_ok[k] = good
     return {k: bufs[k] for k in placed if bufs_ok[k]}
 

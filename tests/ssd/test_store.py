@@ -44,7 +44,7 @@ def write(store: SSDStore, placed: dict[int, int]) -> list[bool]:
 def read_back(store: SSDStore, placed: dict[int, int]) -> dict[int, bool]:
     """key -> read succeeded *and* the bytes are the key's own."""
     bufs = {k: aligned(SLOT) for k in placed}
-    ok = store.read([(ChunkKey(k), SlotId(s), memoryview(bufs[k])) for k, s in placed.items()])
+    ok, _ = store.read([(ChunkKey(k), SlotId(s), memoryview(bufs[k])) for k, s in placed.items()])
     return {
         k: good and np.array_equal(bufs[k], chunk(k)) for k, good in zip(placed, ok, strict=True)
     }
