@@ -64,8 +64,7 @@ the rest overlaps the load: with ``step_tokens`` (vLLM's
 
 A layerwise load has a bandwidth of its own: it is issued layer by layer
 through the mover's direct path, which can be much slower than a whole-slot
-copy (on the H200, a 30k-token hit took 186 ms layerwise against
-144 ms async). Both CPU bandwidths start from the workers' start-up probe
+copy. Both CPU bandwidths start from the workers' start-up probe
 (:mod:`miniflex.worker.probe`) and then follow real loads (a layerwise one
 timed from issue to done, so a lower bound where the prefill was the longer
 part). Uncalibrated (no prefill fit yet), a hit held wholly in CPU goes

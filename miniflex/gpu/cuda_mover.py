@@ -34,11 +34,11 @@ __all__ = ["CudaLayerwiseLoad", "CudaMover", "check_cuda_caches", "done_event"]
 def done_event() -> torch.cuda.Event:
     """The event a ``store``/``load`` waits for: a *blocking* one, so the waiting thread sleeps.
 
-    CUDA's default wait spins a CPU core until the copy ends: the transfer thread spent
-    1.5 s of CPU per 2.2 s batch round on the H200 that way, and MiniFlex then lost 6.5-12%
-    of throughput to vLLM alone with no reuse, against -0.3% and +0.5% with blocking waits
-    (docs/benchmarks.md; why spinning slowed vLLM's thread there was not established). The
-    copies waited for take milliseconds, so the wake-up latency does not matter.
+    CUDA's default wait spins a CPU core until the copy ends: the transfer thread then
+    spends most of a batch round spinning, and MiniFlex lost throughput against vLLM alone
+    with no reuse where blocking waits lost none (why spinning slowed vLLM's thread was not
+    established). The copies waited for take milliseconds, so the wake-up latency does not
+    matter.
     """
     return torch.cuda.Event(blocking=True)
 

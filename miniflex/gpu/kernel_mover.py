@@ -42,10 +42,10 @@ __all__ = [
 DEFAULT_CTAS = 2
 """CTAs per launch when neither ``kernel_ctas`` nor the tuning cache says otherwise.
 
-On an H200, 2 CTAs move within about 2% of what 4 or 16 move (PCIe is the
-limit) while a bf16 matmul running beside them is not measurably slower; with
-4 it slowed by 4-14%, with 16 by about 50% (docs/gpu.md). With 4, a batch of
-long prompts with no reuse ran 15% below vLLM alone, every chunk being stored.
+2 CTAs move about as much as 4 or 16 (PCIe is the limit) while a bf16 matmul
+running beside them is not measurably slower; more CTAs take SMs from the matmul
+and slow it, the more so the more CTAs (docs/gpu.md). With 4, a batch of long
+prompts with no reuse ran below vLLM alone, every chunk being stored.
 """
 
 LAYERWISE_CTAS = 8
@@ -78,9 +78,9 @@ def layerwise_ctas(pages_per_layer: int) -> int:
 
     Every attention layer of the step waits for its layer of the load, so the
     load is the step's critical path and more CTAs pay off, as long as each has
-    work: on an H200 (``bench/results/components/gpu_copy_layerwise_h200.json``) 8 CTAs moved a
-    16k-token load layer by layer at 0.90 of PCIe and 2 CTAs at 0.77, while a
-    single 64-token chunk moved faster with 2. Hence one CTA per
+    work: 8 CTAs move a long load layer by layer nearer PCIe's speed than 2 do
+    (docs/benchmarks.md, "Components", "layer-by-layer loads"), while a single
+    64-token chunk moves faster with 2. Hence one CTA per
     ``PAGES_PER_CTA`` pages, between ``DEFAULT_CTAS`` and ``LAYERWISE_CTAS``.
     """
     return max(DEFAULT_CTAS, min(LAYERWISE_CTAS, pages_per_layer // PAGES_PER_CTA))

@@ -3,7 +3,7 @@
 A chunk's slot in the pool is one contiguous range of host memory, while its
 pages in vLLM's cache are scattered blocks of every layer. Moving each page
 across PCIe on its own (the DMA mover: one 64 KiB copy per page) or by SM
-loads and stores (the kernel mover) leaves 10-20% of the link's bandwidth
+loads and stores (the kernel mover) leaves part of the link's bandwidth
 unused. This mover splits the two jobs:
 
 * a **load** copies each slot whole with the copy engines into a *lane* of a
@@ -29,10 +29,11 @@ tokens, to the host after each step) waited for nearly the whole store in
 seems to keep serving a stream until it runs dry. So by default
 (``direct_stores``) a store skips the lanes and takes the kernel mover's
 direct path: its SMs write the pages into the pool through its mapped address
-and no copy engine is used (0.72-0.97x the lanes' bytes per second, by call
-size; its CUDA calls go through torch and CuPy, which let go of the lock). A
-load's lanes do not hold up vLLM's copies to the GPU: the copy stream waits for
-each lane's scatter, and vLLM's copies get in meanwhile.
+and no copy engine is used (a little below the lanes' bytes per second:
+docs/benchmarks.md, "Components", "GPU <-> CPU pool, per mover"; its CUDA
+calls go through torch and CuPy, which let go of the lock). A load's lanes do
+not hold up vLLM's copies to the GPU: the copy stream waits for each lane's
+scatter, and vLLM's copies get in meanwhile.
 
 With ``direct_stores`` off, a partial store (never made by the scheduler:
 stores move whole chunks) still falls back to the direct path, as do layerwise

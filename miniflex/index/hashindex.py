@@ -79,7 +79,7 @@ def _words(key: int) -> tuple[int, int]:
     :func:`~miniflex.index.key_words.split_key`.
     """
     try:
-        # Fast path (~2x quicker than shifts and masks): the little-endian bytes
+        # Fast path (quicker than shifts and masks): the little-endian bytes
         # of the key are lo then hi; to_bytes rejects keys outside [0, 2**128).
         lo, hi = _SIGNED_WORDS.unpack(int.to_bytes(key, 16, "little"))
     except (OverflowError, TypeError):
@@ -327,10 +327,10 @@ def compile_kernels() -> None:
     """Run every compiled kernel once per process, on a throw-away index.
 
     Numba compiles a kernel at its first call (or loads it from its on-disk
-    cache), holding the interpreter meanwhile: up to a second per kernel on a
-    fresh install. Called when a tier is built, so that no serving step pays
-    it; without this the first eviction of a fresh engine (the first
-    ``delete``) stalled a request by 0.3-0.4 s on the H200 machine.
+    cache), holding the interpreter meanwhile, longest on a fresh install.
+    Called when a tier is built, so that no serving step pays it; without this
+    the first eviction of a fresh engine (the first ``delete``) stalls a
+    request while its kernel compiles.
     """
     index = HashIndex(max_entries=4 * _MIN_CAPACITY)
     keys = [ChunkKey((i + 1) * 0x9E3779B97F4A7C15) for i in range(2 * _MIN_CAPACITY)]

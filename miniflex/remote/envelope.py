@@ -2,10 +2,10 @@
 
 A chunk is stored as one value of ``parts + 1`` fields: the header and the
 payload cut into parts of at most ``part_bytes``. Parts keep each of the
-server's buffers small: on the development machine redis-benchmark moves 2-4
-MiB values at 2-3 GB/s but 8-12 MiB values at 0.6-1 GB/s, and a 9.4 MB
-chunk in 2 MiB parts reads 1.5x as fast as in one piece (docs/design/remote-store.md,
-"A stored chunk").
+server's buffers small: redis-benchmark moves the same bytes much faster in
+values of the part size than in values of a chunk's size (docs/benchmarks.md,
+"Components", "remote store vs redis-benchmark"), and a chunk reads faster in
+parts than in one piece (docs/design/remote-store.md, "A stored chunk").
 
 Header, 64 bytes, little endian::
 
@@ -13,8 +13,8 @@ Header, 64 bytes, little endian::
     | namespace digest 16B | chunk key 16B | payload length u64 | checksum u32
     | parts u32 | 8 reserved (zero)
 
-The checksum is CRC32C (Castagnoli, the ``crc32c`` library: about 20 GB/s on one
-core with the CPU's CRC instruction, against 2-5 GB/s for ``zlib.crc32``) in
+The checksum is CRC32C (Castagnoli, the ``crc32c`` library, which uses the CPU's
+CRC instruction and so runs several times faster than ``zlib.crc32``) in
 envelope version 2, which every put writes; values of version 1 (``zlib.crc32``)
 are still read, so a store written by an older MiniFlex keeps serving.
 
@@ -89,9 +89,10 @@ def pack_header(namespace_digest: bytes, key: ChunkKey, data: memoryview, parts:
 def checksum(version: int, data: memoryview, value: int = 0, hold_lock: bool = False) -> int:
     """``data``'s checksum in envelope ``version``, continued from ``value``.
 
-    ``hold_lock``: compute it without giving the interpreter lock up (CRC32C only). At about
-    20 GB/s a chunk takes well under a millisecond, less than the wait to take the lock back
-    beside a thread running Python (up to 5 ms), so a fetch thread keeps it.
+    ``hold_lock``: compute it without giving the interpreter lock up (CRC32C only). With the
+    CPU's CRC instruction a chunk's checksum is shorter than the wait to take the lock back
+    beside a thread running Python (up to the switch interval, 5 ms), so a fetch thread
+    keeps it.
     """
     if version == 1:
         return zlib.crc32(data, value)

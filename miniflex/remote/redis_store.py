@@ -61,9 +61,9 @@ READ_BYTES = 4 << 20
 
 Each read of the socket gives the interpreter lock up and takes it back. While vLLM's engine
 thread runs Python, taking it back waits up to the switch interval (5 ms), once per read:
-beside a thread that never blocks, a 9.4 MB chunk read 64 KiB at a time came at 0.02 GB/s
-on the development machine, and at 0.32 GB/s read 4 MiB at a time (0.84-2 GB/s either way
-with the interpreter idle; ``python -m bench.remote_bench``, the busy rows)."""
+beside a thread that never blocks, a chunk read 64 KiB at a time spends most of its time
+waiting for the lock, and one read 4 MiB at a time far less; with the interpreter idle the
+read size matters little (``python -m bench.remote_bench``, the busy rows)."""
 
 ACL_RULES = "+@hash +@keyspace +@transaction +ping"
 """The commands an ACL user needs besides its key pattern ``~<prefix>:*``."""

@@ -1,12 +1,12 @@
 """Commands in the Redis protocol (RESP) as a list of buffers, large values never copied.
 
 The ``redis`` client packs commands with hiredis when hiredis is installed,
-and hiredis copies every value into one new string, at about 0.6 GB/s on the
-development machine: 16 ms of a 9.4 MB chunk's put, three times the socket's
-own time. Given as the client's ``command_packer``, :class:`RespPacker` keeps
-each large value (a part of a chunk) as the buffer it is, so the socket sends
-straight from the caller's memory; hiredis still parses the replies, which it
-does fast. Output is byte-identical to RESP's array of bulk strings::
+and hiredis copies every value into one new string, which for a chunk's put
+takes longer than the socket's own sending. Given as the client's
+``command_packer``, :class:`RespPacker` keeps each large value (a part of a
+chunk) as the buffer it is, so the socket sends straight from the caller's
+memory; hiredis still parses the replies, which it does fast. Output is
+byte-identical to RESP's array of bulk strings::
 
     RespPacker().pack("HSET", "k", b"f", memoryview(big))
     # [b"*4\\r\\n$4\\r\\nHSET\\r\\n$1\\r\\nk\\r\\n$1\\r\\nf\\r\\n$9437184\\r\\n",

@@ -14,8 +14,8 @@ holds (another replica may have put them: one ``exists`` round trip per batch)
 and puts the rest.
 
 Buffers are kept for reuse once their put is done: a copy into fresh memory
-pays a page fault per 4 KiB page (0.45 GB/s on the development VM against
-14 GB/s into a reused buffer). Queued and spare buffers together stay within
+pays a page fault per 4 KiB page, which makes it many times slower than a
+copy into a reused buffer. Queued and spare buffers together stay within
 ``max_bytes``; a chunk offered past that (the store is slower than the
 engine's stores, or down and failing fast) is dropped and counted in
 ``dropped``: the local tiers still hold it. Nothing waits for the store: no

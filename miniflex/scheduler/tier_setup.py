@@ -67,8 +67,8 @@ class EngineCosts:
     def costliest_recompute_seconds(self) -> float | None:
         """None until the prefill model is fitted: before that its rough figure prices
         recompute high (a step's fixed cost counted as its tokens'), which makes any disk
-        look fast. On the H200 burst it put a chunk's read at 0.42 of its recompute, and
-        admission wrote chunks for 5 s before the fitted 0.81 turned it off."""
+        look fast: it can put a chunk's read well below the fitted ratio, and admission then
+        writes chunks until the fit turns it off (docs/benchmarks.md, "burst")."""
         if not self._cost.calibrated:
             return None
         return self._cost.chunk_recompute_seconds(self._max_model_len)

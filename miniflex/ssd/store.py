@@ -13,8 +13,8 @@ Durability, per :meth:`SSDStore.write` batch::
 
 So after ``kill -9`` (or power loss) at any instant, every PUT in the journal
 points at complete data, and an acknowledged write is recovered on reopen.
-Checksums are CRC32 (``zlib.crc32``, about 1.9 GB/s on one core of the dev box,
-GIL released for large buffers); they are verified lazily, by :meth:`read`.
+Checksums are CRC32 (``zlib.crc32``, which releases the GIL for large buffers);
+they are verified lazily, by :meth:`read`.
 
 Example::
 

@@ -1,8 +1,8 @@
 """SSD admission: write chunks the CPU tier evicts to SSD only while that can pay off.
 
 A chunk on SSD saves work only if reading it back is faster than recomputing
-it. On a disk slower than that (the H200 machine's, for an 8B model: a 64-token
-chunk of 9.4 MB reads in about 7 ms and recomputes in about 2-3 ms), every
+it. On a disk slower than that (the benchmark GPU machine's, for an 8B model:
+docs/benchmarks.md, "CPU+SSD against the CPU tier, byte for byte"), every
 write-back is pure cost: disk bandwidth, CPU slots held while written, work on
 MiniFlex's threads, and chunks the cost model then declines to load anyway.
 So the SSD tier admits chunks only while a read clearly beats recomputing even
@@ -15,11 +15,11 @@ CPU capacity (``max_writeback`` slots kept free or being written): an SSD hit
 that saves little does not pay for the CPU hits lost to it.
 
 The ratio is a moving average over ``SMOOTH_S`` seconds. The recompute figure
-comes from the prefill model, which is refitted every few steps and moves by
-a factor of two between refits under a mixed load; compared raw, admission
-flipped on and off every second or two on a disk near the line, and each flip
-set CPU slots aside for write-back again (on the CPU proxy of the burst, 26%
-fewer tokens served from cache than with no SSD tier at all).
+comes from the prefill model, which is refitted every few steps and moves
+widely between refits under a mixed load; compared raw, admission flipped on
+and off over and over on a disk near the line, and each flip set CPU slots
+aside for write-back again, so fewer tokens were served from cache than with
+no SSD tier at all.
 
 The disk's speed is the cost model's SSD read bandwidth once it is measured:
 by the workers' start-up read probe (:mod:`miniflex.ssd.read_probe`), given as
@@ -28,11 +28,11 @@ The first decision is made on fitted figures. Before the prefill model is fitted
 (the engine's costs say None until then), a rough figure can only hold writes
 back: the mean seconds per token of the prefill steps seen, which counts each
 step's fixed cost as its tokens' and so prices recompute high, makes a slow disk
-look fast (on the H200 burst it put a chunk's read at 0.42 of its recompute where
-the fit then said 0.81). If a read takes more than ``OFF_RATIO`` of even that
-figure, nothing is written before the fit; otherwise, and before the disk is
-measured, everything is admitted. Long prompts reach the fit late (it needs
-eight prefill steps; a 20,000-token conversation gives three), and without the
+look fast (it can put a chunk's read well below the fitted ratio: docs/benchmarks.md,
+"burst"). If a read takes more than ``OFF_RATIO`` of even that figure, nothing is
+written before the fit; otherwise, and before the disk is measured, everything is
+admitted. Long prompts reach the fit late (it needs
+eight prefill steps, and a long conversation can give fewer), and without the
 rough figure write-back went on until then however slow the disk. While
 admission is off, one chunk is still written every ``PROBE_EVERY_S``. Each
 switch is logged with the ratio.
@@ -100,7 +100,7 @@ class SSDAdmission:
         recompute figure; then on while a chunk's read takes at most :data:`ON_RATIO` of its
         recompute, off past :data:`OFF_RATIO`, unchanged in between. The ratio is averaged
         over :data:`SMOOTH_S`, because the recompute figure moves with every refit of the
-        prefill model (on the CPU proxy, 1.5-3.6 ms from one refit to the next)."""
+        prefill model."""
         ratio = self._update_ratio()
         if ratio is None:
             return not self._rough_holds_back()

@@ -3,8 +3,8 @@
 The cost model needs the CPU -> GPU bandwidth of both load paths before the
 first hit, because it only learns a path's speed from loads that took it: a
 model that starts out believing both are equally fast picks layerwise loads
-for whole hits, where (on the H200) the layer-by-layer path is the slower one,
-and never tries the other. So each worker times one load of ``PROBE_CHUNKS``
+for whole hits, where the layer-by-layer path can be the slower one, and
+never tries the other. So each worker times one load of ``PROBE_CHUNKS``
 chunks both ways when it registers, from pool slots into vLLM's KV cache.
 That cache holds no request yet, so the bytes written there are never read.
 With an SSD tier or a remote store, the rank also times a read of each

@@ -3,9 +3,10 @@
 A plan holds one STORE job per request that completed a chunk in its step: a
 decode step of 32 requests that each fill a chunk makes 32 jobs of one chunk.
 Every ``KVMover.store`` call has a fixed cost on the gpu-store lane (page table,
-launches, events, copies, the wait: 0.28 ms of CPU for one chunk and 0.68 ms for
-32 with the staged mover on an H200 host), taken from vLLM's thread, which waits
-for the interpreter lock meanwhile. So the handler queues the stores of one
+launches, events, copies, the wait), so one call of 32 chunks costs far less CPU
+than 32 calls of one (docs/benchmarks.md, "Components", "what a store costs vLLM's
+thread"); that CPU is taken from vLLM's thread, which waits for the interpreter
+lock meanwhile. So the handler queues the stores of one
 ``submit`` whose slots are free as one batch (:class:`StoreBatch`), and
 :func:`execute_stores` copies the batch in one call and reports each job on its
 own. A store that must wait for its slots
