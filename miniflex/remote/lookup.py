@@ -7,38 +7,43 @@ if every rank's shard is there: one plan drives all ranks, so a chunk one rank
 lacks would be a hit the ranks disagree on (as for chunks recovered from SSD).
 
 vLLM may ask about one request several times (while it waits for blocks), so
-an answer is kept per request for ``ttl_s``: the store is asked at most once
-per request in that time, and every ask is bounded by ``remote_timeout_s``
-(after a failure, by the store's fast-fail window). Scheduler side, one thread::
+each ask returns a :class:`RemoteAnswer` that the scheduler keeps on the request and
+hands back with the next ask: the store is asked at most once per request in ``ttl_s``
+(for the same keys), and every ask is bounded by ``remote_timeout_s`` (after a failure,
+by the store's fast-fail window). The answer goes with the request; a failed fetch
+drops it so that the next ask goes to the store. Scheduler side, one thread::
 
     lookup = RemoteLookup([store_rank0, store_rank1])
-    n = lookup.held("req-1", keys[local_run:])   # leading keys every shard holds
+    answer = lookup.ask(keys[local_run:], answer)   # answer.held: leading keys every shard holds
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from miniflex.remote.base import RemoteStats, RemoteStore
-from miniflex.types import ChunkKey, ReqId
+from miniflex.types import ChunkKey
 
-__all__ = ["ANSWER_TTL_S", "RemoteLookup"]
+__all__ = ["ANSWER_TTL_S", "RemoteAnswer", "RemoteLookup"]
 
 ANSWER_TTL_S = 1.0
 """How long a request's answer is reused before the store is asked again."""
-_KEEP_ANSWERS = 4096
 
 
 @dataclass(frozen=True)
-class _Answer:
-    first: ChunkKey
+class RemoteAnswer:
+    """What the store said of one request's keys after its local run."""
+
+    first: ChunkKey | None
+    """The first key asked about (None: none was)."""
     asked: int
     held: int
+    """How many leading keys of those asked every shard's store holds."""
     at: float
+    """When it was asked (the lookup's clock)."""
 
 
 class RemoteLookup:
@@ -56,23 +61,26 @@ class RemoteLookup:
         self.stores = list(stores)
         self._ttl_s = ttl_s
         self._clock = clock
-        self._answers: OrderedDict[ReqId, _Answer] = OrderedDict()
         self.seconds = 0.0
         """Wall time spent asking the store (the scheduler waited that long)."""
 
-    def held(self, req_id: ReqId, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` every shard's store holds (0 when it cannot answer).
+    def ask(self, keys: Sequence[ChunkKey], last: RemoteAnswer | None = None) -> RemoteAnswer:
+        """How many leading ``keys`` every shard's store holds (held 0 when it cannot
+        answer). ``last``: the request's previous answer, returned as it is while it is
+        younger than ``ttl_s`` and was asked about the same keys.
 
         A hint: a chunk may be evicted or found corrupt before it is fetched;
         the fetch then fails and vLLM recomputes its blocks.
         """
-        if not keys:
-            return 0
         now = self._clock()
-        old = self._answers.get(req_id)
-        fresh = old is not None and now - old.at < self._ttl_s
-        if fresh and old.first == keys[0] and old.asked == len(keys):  # type: ignore[union-attr]
-            return old.held  # type: ignore[union-attr]
+        if not keys:
+            return RemoteAnswer(None, 0, 0, now)
+        if (
+            last is not None
+            and now - last.at < self._ttl_s
+            and (last.first, last.asked) == (keys[0], len(keys))
+        ):
+            return last
         t0 = time.perf_counter()
         held = len(keys)
         for store in self.stores:
@@ -81,15 +89,7 @@ class RemoteLookup:
             if held == 0:
                 break
         self.seconds += time.perf_counter() - t0
-        self._answers[req_id] = _Answer(keys[0], len(keys), held, now)
-        self._answers.move_to_end(req_id)
-        while len(self._answers) > _KEEP_ANSWERS:
-            self._answers.popitem(last=False)
-        return held
-
-    def forget(self, req_id: ReqId) -> None:
-        """The request is done: drop its cached answer."""
-        self._answers.pop(req_id, None)
+        return RemoteAnswer(keys[0], len(keys), held, now)
 
     def stats(self) -> RemoteStats:
         """The counters of the scheduler's stores, summed (``down`` if any is down)."""

@@ -34,7 +34,6 @@ from miniflex.plan import (
     SlotCopy,
     TransferJob,
 )
-from miniflex.remote.lookup import RemoteLookup
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.scheduler.hits import served_by_tier
 from miniflex.scheduler.requests import PendingLoad, ReqState
@@ -55,14 +54,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CommitContext:
-    """What a record's report and commit act on (``stats``: the current interval's;
-    ``remote``: the remote tier's lookup, None without ``remote_url``)."""
+    """What a record's report and commit act on (``stats``: the current interval's)."""
 
     ns: Namespace
     tiers: TierStack
     stats: TransferStats
     advisor: HitAdvisor
-    remote: RemoteLookup | None = None
 
 
 @dataclass
@@ -169,6 +166,8 @@ class LoadRecord(JobRecord):
         served = self._publish(ctx)
         if st is not None:
             st.load_job, st.load_job_sync = None, False
+            if any(s.remote and s.key in self.failed_keys for s in self.sources):
+                st.remote_answer = None  # ask the store again, not the old answer
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
             if not self.counted:
                 st.credit(served)
@@ -225,8 +224,6 @@ class LoadRecord(JobRecord):
             elif s.remote:
                 ctx.stats.remote_read_failures += bad
                 ctx.stats.remote_fetched_chunks += not bad
-                if bad and ctx.remote is not None:  # ask the store again, not the old answer
-                    ctx.remote.forget(self.job.req_id)
 
     def _restore_stores(self, st: ReqState, blocks_per_chunk: int) -> None:
         """vLLM recomputes a load's blocks from the first failed one on: store them again

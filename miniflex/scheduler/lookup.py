@@ -114,7 +114,8 @@ class HitLookup:
         if self.remote is not None and self.advisor.worth_asking(Tier.REMOTE, num_tokens):
             # the chunks after the local run that the store holds
             ask = keys[start + len(tiers) : start + self.tiers.max_load_chunks]
-            tiers = tiers + [Tier.REMOTE] * self.remote.held(st.req_id, ask)
+            st.remote_answer = self.remote.ask(ask, st.remote_answer)
+            tiers = tiers + [Tier.REMOTE] * st.remote_answer.held
             matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
         instep = self._instep(tiers)

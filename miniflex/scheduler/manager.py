@@ -141,8 +141,6 @@ class MiniFlexManager:
     def _maybe_forget(self, st: ReqState) -> None:
         if st.finished and not st.busy:
             del self._reqs[st.req_id]
-            if self.remote is not None:
-                self.remote.forget(st.req_id)
 
     # ---- 1. lookup ----
     def lookup(
@@ -317,7 +315,7 @@ class MiniFlexManager:
     # ---- 4. completions ----
     def on_results(self, results: Iterable[JobResult]) -> None:
         """Commit jobs once every worker has reported them (two-phase)."""
-        ctx = CommitContext(self.ns, self.tiers, self.stats, self.advisor, self.remote)
+        ctx = CommitContext(self.ns, self.tiers, self.stats, self.advisor)
         for r in results:
             rec = self.jobs.report(r, ctx)
             if rec is None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from miniflex.index import keys_to_array
 from miniflex.plan import JobId, LoadTiming
+from miniflex.remote.lookup import RemoteAnswer
 from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
 from miniflex.types import BlockId, ChunkKey, ReqId, Tier
@@ -77,6 +78,8 @@ class ReqState:
     failed_chunks: set[int] = field(default_factory=set)  # chunks whose read failed
     ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
     gpu_hit_tokens: int | None = None  # vLLM's own hit when first admitted (the trace)
+    remote_answer: RemoteAnswer | None = None
+    """The remote store's last answer for this request's keys (reused while fresh)."""
 
     def prompt_chunks(self, chunk_tokens: int) -> int:
         """How many leading chunks hold prompt tokens only (the rest hold output too)."""

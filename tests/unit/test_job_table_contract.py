@@ -3,15 +3,19 @@ leaves in the tiers and on the request, and what late or unknown reports change 
 
 from __future__ import annotations
 
+import dataclasses
+
 from miniflex.config import MiniFlexConfig
 from miniflex.cost import CostModel
 from miniflex.keys import Namespace
 from miniflex.plan import JobId, JobKind, JobResult
+from miniflex.remote.lookup import RemoteAnswer
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.scheduler.jobs import ClearRecord, CommitContext, JobTable, LoadRecord, StoreRecord
 from miniflex.scheduler.requests import PendingLoad, ReqState
 from miniflex.stats import TransferStats
 from miniflex.tiers import TierStack
+from miniflex.tiers.remote_fetch import acquire_for_load
 from miniflex.types import BlockId, ChunkKey, ReqId
 
 NS = Namespace("m", "bfloat16", "LBHNC", 2, 2, 64, block_size=16, blocks_per_chunk=2)
@@ -143,3 +147,24 @@ def test_a_failed_load_credits_nothing_and_drops_its_chunks() -> None:
     assert st.hit_tokens == 0 and st.load_job is None
     assert ctx.tiers.match(KEYS) == 0 and ctx.stats.failed_jobs == 1
     assert st.failed_chunks == {0, 1, 2}
+
+
+def test_a_failed_fetch_drops_the_requests_remote_answer_and_a_failed_cpu_load_keeps_it() -> None:
+    answer = RemoteAnswer(KEYS[0], 3, 3, at=0.0)
+    for fetch in (True, False):
+        table, ctx, st = JobTable(WORKERS), context(), request()
+        st.remote_answer = answer
+        if fetch:  # the lookup found the chunks in the remote store only
+            sources = acquire_for_load(ctx.tiers, KEYS, fetch=True)
+            assert [s.remote for s in sources] == [True] * 3
+        else:
+            ctx.tiers.complete_store(ctx.tiers.prepare_store(KEYS), ok=True)
+            sources = ctx.tiers.acquire(KEYS)
+        pending = PendingLoad(first_token=0, num_tokens=3 * CT, sources=sources)
+        job_id = table.add(LoadRecord.plan(table.next_id(), st, pending, NS, WORKERS)).job_id
+        bad = dataclasses.replace(  # chunk 1's read failed, and vLLM recomputes from it on
+            result(job_id, JobKind.LOAD, failed=(102,)), failed_keys=(KEYS[1],)
+        )
+        report_all(table, ctx, result(job_id, JobKind.LOAD), bad).commit(ctx, st)
+        assert st.hit_tokens == 2 * BS  # chunk 0 served either way
+        assert st.remote_answer is (None if fetch else answer)  # the next ask goes to the store
