@@ -35,7 +35,8 @@ import numpy as np
 __all__ = ["CallTimeout", "DeadlineCalls", "StagingPool", "TooManyLate"]
 
 T = TypeVar("T")
-_ALIGN = 1 << 20
+_ALIGN = 64 << 10
+"""Staging buffers are allocated in multiples of this (a chunk's buffer wastes less than it)."""
 
 
 class CallTimeout(Exception):
@@ -117,7 +118,7 @@ class StagingPool:
     """Byte buffers (1-D uint8 arrays) that client calls use instead of the caller's memory.
 
     Kept for reuse once given back, never dropped before :meth:`clear`: there are as many as
-    calls were ever in flight at once (plus late ones). A buffer is allocated in whole MiB,
+    calls were ever in flight at once (plus late ones). A buffer is allocated in whole 64 KiB,
     at least as large as asked. Thread safe.
     """
 

@@ -107,6 +107,11 @@ class MooncakeStore(RemoteStore):
         return f"{self._scope}{key:032x}"
 
     @property
+    def staging_bytes(self) -> int:
+        """Bytes of the private buffers calls read into and write from (kept for reuse)."""
+        return self._staging.allocated
+
+    @property
     def late_calls(self) -> int:
         """Client calls that outlived their deadline and are still running."""
         return self._calls.late

@@ -10,6 +10,7 @@ from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.fetch import RemoteFetcher
 from miniflex.remote.local_mooncake import LocalMooncake
+from miniflex.remote.mooncake_store import WINDOW_BYTES
 from miniflex.remote.probe import PROBE_KEY, probe_fetch_bandwidth
 from miniflex.types import SlotId
 from tests.remote.conftest import key, payload
@@ -54,4 +55,23 @@ def test_the_probe_fetches_as_many_at_once_as_a_load_and_cleans_up(
     assert bps is not None and bps > 0
     assert all(pool.slot(SlotId(i)).tobytes() == first for i in range(3))  # the probe's bytes
     assert s.exists([PROBE_KEY]) == [False]
+    s.close()
+
+
+def test_staging_stays_within_a_window_per_stream(mooncake: LocalMooncake) -> None:
+    """Small chunks, many to a window: the buffers a load's fetch keeps stay within one
+    window of WINDOW_BYTES per stream (each rounded up to 64 KiB, not to 1 MiB)."""
+    s = mc_store(mooncake.url)
+    assert s.check()
+    chunk, count, streams = 300 << 10, 240, 4  # 70 MB: several windows per stream
+    pool = HostPool(count, chunk)
+    for i in range(count):
+        assert s.put(key(i), payload(chunk, seed=i))
+    fetcher = RemoteFetcher(s, pool, streams=streams)
+    failed, _ = fetcher.fetch([RemoteCopy(key(i), SlotId(i)) for i in range(count)])
+    fetcher.close()
+    assert not failed
+    assert all(pool.slot(SlotId(i)).tobytes() == payload(chunk, seed=i) for i in range(count))
+    windows = streams + 1  # the fetches' windows, and the puts' buffer
+    assert 0 < s.staging_bytes <= windows * (WINDOW_BYTES + (64 << 10) * 128)
     s.close()
