@@ -140,7 +140,7 @@ class LocalMooncake:
     def pause_master(self) -> None:
         """SIGSTOP: connections stay open and every call to the master hangs."""
         assert self._master is not None
-        os.kill(self._master.pid, signal.SIGSTOP)
+        _stop(self._master.pid)
 
     def resume_master(self) -> None:
         assert self._master is not None
@@ -149,7 +149,7 @@ class LocalMooncake:
     def pause_holder(self) -> None:
         """SIGSTOP: the master still lists the holder's memory, but no byte moves."""
         assert self._holder is not None
-        os.kill(self._holder.pid, signal.SIGSTOP)
+        _stop(self._holder.pid)
 
     def resume_holder(self) -> None:
         assert self._holder is not None
@@ -209,3 +209,23 @@ def _kill(proc: subprocess.Popen[bytes] | None) -> None:
             proc.kill()
         proc.wait()
     return None
+
+
+def _stop(pid: int, wait_s: float = 5.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped: the signal is
+    delivered asynchronously, and a thread running on another CPU may otherwise answer
+    one more request after ``kill`` returned."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            states = [
+                Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                for t in tasks
+            ]
+        except OSError:  # no /proc (not Linux), or the process is gone
+            return
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.001)
