@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,7 +122,7 @@ def private_share_store(
             segment = parse_size("--server-memory", args.server_memory)
         about = f"a private Mooncake Store: a master and one holder of {segment >> 20} MiB"
         with LocalMooncake(os.path.join(tmp, "mooncake"), segment) as server:
-            yield SharedStore(server.url, lambda: _mooncake_keys(server), about)
+            yield SharedStore(server.url, server.key_count, about)
         return
     options = {  # a cluster's memory is per primary
         "maxmemory": args.server_memory or REDIS_MEMORY,
@@ -163,20 +162,3 @@ def _redis_keys(url: str) -> int:
         return int(client.dbsize(**where))
     finally:
         client.close()
-
-
-def _mooncake_keys(server: LocalMooncake) -> int:
-    """The master's ``master_key_count`` (its Prometheus metrics); -1 if it does not answer.
-
-    LocalMooncake keeps its metrics port private (only :meth:`LocalMooncake.capacity`
-    reads it), hence the private attribute."""
-    url = f"http://127.0.0.1:{server._metrics_port}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=1) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return -1
-    for line in text.splitlines():
-        if line.startswith("master_key_count "):
-            return int(float(line.split()[1]))
-    return -1

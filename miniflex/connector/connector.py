@@ -40,7 +40,8 @@ from miniflex.connector.scheduler_hooks import SchedulerHooks
 from miniflex.connector.vllm_stats import MiniFlexConnectorStats
 from miniflex.connector.worker_side import EngineFacts, open_worker, register_kv_caches
 from miniflex.errors import ConfigError
-from miniflex.keys import namespace_for
+from miniflex.keys import Namespace, namespace_for
+from miniflex.layout import KVGeometry
 from miniflex.plan import TransferPlan
 from miniflex.ranks import TPPlacement
 from miniflex.scheduler.manager import MiniFlexManager
@@ -74,13 +75,20 @@ class MiniFlexConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = config if config is not None else MiniFlexConfig.from_dict(extra)
         self.facts = _engine_facts(self.config, vllm_config, kv_cache_config, role)
-        self.geometry, self.ns = self.facts.geometry, self.facts.ns
         self._scheduler: SchedulerHooks | None = None
         self._step: StepDriver | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerHooks(self.config, vllm_config, self.facts)
         else:
             self._step = open_worker(self.config, self.facts)
+
+    @property
+    def geometry(self) -> KVGeometry:
+        return self.facts.geometry
+
+    @property
+    def ns(self) -> Namespace:
+        return self.facts.ns
 
     @property
     def hook_seconds(self) -> float:

@@ -120,16 +120,24 @@ class LocalMooncake:
 
     def capacity(self) -> int:
         """Bytes of holder memory the master counts now (0 if it does not answer)."""
+        return max(0, self._metric("master_total_capacity_bytes"))
+
+    def key_count(self) -> int:
+        """Keys the master holds now (-1 if it does not answer)."""
+        return self._metric("master_key_count")
+
+    def _metric(self, name: str) -> int:
+        """The master's Prometheus metric ``name``; -1 if it does not answer or lacks it."""
         try:
             url = f"http://127.0.0.1:{self._metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=1) as reply:
                 text = reply.read().decode()
         except OSError:
-            return 0
+            return -1
         for line in text.splitlines():
-            if line.startswith("master_total_capacity_bytes "):
+            if line.startswith(f"{name} "):
                 return int(float(line.split()[1]))
-        return 0
+        return -1
 
     def kill_master(self) -> None:
         self._master = _kill(self._master)
