@@ -62,6 +62,9 @@ the rest overlaps the load: with ``step_tokens`` (vLLM's
 
     layerwise(L) = max(load(L), prefill(first)) + load(L) / num_layers + prefill(after)
 
+A request always computes its last prompt token, whatever is loaded, so every
+prediction computes at least that one.
+
 A layerwise load has a bandwidth of its own: it is issued layer by layer
 through the mover's direct path, which can be much slower than a whole-slot
 copy. Both CPU bandwidths start from the workers' start-up probe
@@ -240,7 +243,7 @@ class CostModel:
         for length in range(fast, n + 1):
             if length > fast:
                 load += self.chunk_load_seconds(tiers[length - 1])
-            done = gpu_hit + length * ct
+            done = min(gpu_hit + length * ct, prompt_tokens - 1)  # the last token computes
             times[length] = load + fit.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
         recompute = fit.seconds(prompt_tokens - gpu_hit, gpu_hit)
@@ -278,7 +281,7 @@ class CostModel:
             len(tiers) * self.chunk_bytes / layer_bw,
             ssd * self.chunk_bytes / self.bandwidth[Tier.SSD],
         )
-        done = gpu_hit + len(tiers) * self.chunk_tokens
+        done = min(gpu_hit + len(tiers) * self.chunk_tokens, prompt_tokens - 1)
         rest = prompt_tokens - done
         first = min(rest, self.step_tokens) if self.step_tokens else rest
         prefill = fit.seconds(first, done)

@@ -40,6 +40,7 @@ from miniflex.tools.offline_llm import (
     make_llm,
     miniflex_hit_tokens,
     miniflex_hits_by_tier,
+    miniflex_resident_by_tier,
     shutdown_llm,
 )
 from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
@@ -47,6 +48,8 @@ from miniflex.tools.tinymodel import TinyModelSpec, write_tiny_model
 __all__ = ["DemoRow", "run_demo"]
 
 BLOCK_SIZE = 32
+BLOCKS_PER_CHUNK = 2
+CHUNK_TOKENS = BLOCK_SIZE * BLOCKS_PER_CHUNK
 SPEC = TinyModelSpec(
     hidden_size=512,
     intermediate_size=1536,
@@ -67,6 +70,12 @@ class DemoRow:
     gpu_hit_tokens: int
     cpu_hit_tokens: int
     ssd_hit_tokens: int
+    held_tokens: int = 0
+    """Tokens MiniFlex held (CPU or SSD) when vLLM asked, whether loaded or not."""
+    declined_tokens: int = 0
+    """Of those, tokens vLLM could have taken but MiniFlex left to recompute: its cost
+    model predicted recomputing them beside the load to be faster than reading them, or no
+    CPU slot was free to read them into."""
 
     @property
     def recomputed_tokens(self) -> int:
@@ -86,7 +95,7 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
     from vllm import SamplingParams
 
     sp = SamplingParams(max_tokens=1, temperature=0, detokenize=False)
-    ttfts, gpu, cpu, ssd = [], 0, 0, 0
+    ttfts, gpu, cpu, ssd, held, declined = [], 0, 0, 0, 0, 0
     for p in prompts:
         t0 = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
@@ -94,7 +103,12 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
         tiers = miniflex_hits_by_tier(out)
         cpu += tiers.get("cpu", 0)
         ssd += tiers.get("ssd", 0)
-        gpu += (out.num_cached_tokens or 0) - (miniflex_hit_tokens(out) or 0)
+        loaded = miniflex_hit_tokens(out) or 0
+        own = (out.num_cached_tokens or 0) - loaded
+        gpu += own
+        resident = sum(miniflex_resident_by_tier(out).values())
+        held += resident
+        declined += _declined(len(p), own, resident, loaded)
     return DemoRow(
         scenario,
         engine,
@@ -104,7 +118,17 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
         gpu,
         cpu,
         ssd,
+        held,
+        declined,
     )
+
+
+def _declined(prompt_tokens: int, gpu_hit: int, held: int, loaded: int) -> int:
+    """Held tokens a request could have loaded but did not: MiniFlex's run starts at the
+    chunk holding vLLM's own hit, and a load stops at the block before the last token."""
+    start = gpu_hit - gpu_hit % CHUNK_TOKENS
+    usable = (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    return max(0, min(start + held, usable) - gpu_hit - loaded)
 
 
 def _scenarios(llm: Any, engine: str, prompt_tokens: int, working_set: int) -> list[DemoRow]:
@@ -136,7 +160,7 @@ def run_demo(prompt_tokens: int = 2048, json_path: str | None = None) -> list[De
     rows: list[DemoRow] = []
     mf_config: dict[str, Any] = {
         "cpu_bytes": 2 * prompt_tokens * KV_BYTES_PER_TOKEN + (1 << 20),  # about two prompts
-        "blocks_per_chunk": 2,
+        "blocks_per_chunk": BLOCKS_PER_CHUNK,
     }
     ssd_dir = _ssd_dir()
     if ssd_dir is None:
@@ -204,6 +228,13 @@ def _print_table(rows: list[DemoRow]) -> None:
             f"{r.cpu_hit_tokens // n:>12}{r.ssd_hit_tokens // n:>12}{r.recomputed_tokens // n:>11}"
         )
     print("(token columns are per request; TTFT is the mean per request)")
+    for r in rows:
+        if r.declined_tokens:
+            print(
+                f"{r.scenario}: MiniFlex held {r.declined_tokens // r.requests} more tokens per "
+                "request than it loaded (recomputing them beside the load was predicted faster, "
+                "or no CPU slot was free to read them into)"
+            )
     by = {(r.scenario, r.engine): r for r in rows}
     for scenario in dict.fromkeys(r.scenario for r in rows):
         apc, mf = by.get((scenario, "APC only")), by.get((scenario, "MiniFlex"))

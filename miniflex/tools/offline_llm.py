@@ -16,6 +16,7 @@ __all__ = [
     "make_llm",
     "miniflex_hit_tokens",
     "miniflex_hits_by_tier",
+    "miniflex_resident_by_tier",
     "shutdown_llm",
 ]
 
@@ -93,8 +94,17 @@ def miniflex_hit_tokens(output: Any) -> int | None:
 
 def miniflex_hits_by_tier(output: Any) -> dict[str, int]:
     """Tokens MiniFlex loaded for a finished request, per tier (``{"cpu": .., "ssd": ..}``)."""
+    return _per_tier(output, "hit_tokens_")
+
+
+def miniflex_resident_by_tier(output: Any) -> dict[str, int]:
+    """Tokens MiniFlex held for a finished request at its last lookup, per tier, from the
+    start of the chunk holding vLLM's own hit; the last chunk counts up to the prompt's end."""
+    return _per_tier(output, "resident_tokens_")
+
+
+def _per_tier(output: Any, prefix: str) -> dict[str, int]:
     params = (output.kv_transfer_params or {}).get("miniflex") or {}
-    prefix = "hit_tokens_"
     return {k[len(prefix) :]: int(v) for k, v in params.items() if k.startswith(prefix)}
 
 

@@ -63,6 +63,19 @@ def test_fast_ssd_is_loaded_when_recompute_costs_more() -> None:
     assert d.load_chunks == 3 and d.predicted_s < d.recompute_s
 
 
+def test_a_hit_of_the_whole_prompt_still_pays_for_computing_its_last_token() -> None:
+    # every chunk resident, the last one ending at the prompt's end: vLLM computes the last
+    # token whatever is loaded, so no choice is predicted to skip the prefill altogether
+    m = model(cpu_gbps=50, ssd_gbps=10, per_token=1e-3)
+    prompt = 4 * CHUNK_TOKENS
+    d = m.choose([SSD] * 4, prompt_tokens=prompt, gpu_hit=0)
+    last_token = m.prefill.seconds(1, prompt - 1)
+    assert d.load_chunks == 4
+    assert d.load_all_s == pytest.approx(m.load_seconds([SSD] * 4) + last_token)
+    lw = m.choose([SSD] * 4, prompt_tokens=prompt, gpu_hit=0, overlap=True, instep=4)
+    assert lw.predicted_s >= last_token
+
+
 def test_attention_term_makes_a_long_prefix_worth_loading() -> None:
     # a Qwen3-8B-sized chunk (64 tokens x 144 KiB) read at 2 GB/s: about 5 ms each.
     # Recomputing a short prefix is cheaper; for a long one the attention term wins.
