@@ -129,13 +129,14 @@ class HitAdvisor:
     def record(self, st: ReqState, stats: TransferStats) -> None:
         """Count the cost model's decision for this request once, and start timing its TTFT."""
         d = st.hit.decision
-        if d is None or not d.calibrated or st.ttft_start is not None or st.decided:
+        a = st.account
+        if d is None or not d.calibrated or a.ttft_start is not None or a.decided:
             return
-        st.decided = True
+        a.decided = True
         stats.cost_decisions += 1
         stats.decided_load_chunks += d.load_chunks
         stats.ssd_chunks_recomputed += d.resident_chunks - d.load_chunks
-        st.ttft_start = time.perf_counter()
+        a.ttft_start = time.perf_counter()
         logger.debug(
             "MiniFlex %s: load %d of %d resident chunks %s, predicted TTFT %.1f ms "
             "(async %.1f ms, load all %.1f ms, recompute %.1f ms)",
@@ -161,7 +162,7 @@ class HitAdvisor:
         self._tokens += num_tokens
         self._pairs += num_tokens * (ctx + num_tokens / 2)
         self._planning.append(st)
-        if st.ttft_start is not None and ctx + num_tokens >= st.num_prompt_tokens:
+        if st.account.ttft_start is not None and ctx + num_tokens >= st.num_prompt_tokens:
             self._ttft_pending.setdefault(step, []).append(st.req_id)
             _trim(self._ttft_pending)
 
@@ -233,20 +234,20 @@ class HitAdvisor:
             for req_id in self._ttft_pending.pop(step, ()):
                 st = reqs.get(req_id)
                 decision = None if st is None else st.hit.decision
-                if st is None or st.ttft_start is None or decision is None:
+                if st is None or st.account.ttft_start is None or decision is None:
                     continue
-                actual = now - st.ttft_start
+                actual = now - st.account.ttft_start
                 stats.ttft_samples += 1
                 stats.ttft_predicted_s += decision.predicted_s
                 stats.ttft_actual_s += actual
-                st.ttft_measured_s = actual
+                st.account.ttft_measured_s = actual
                 logger.debug(
                     "MiniFlex %s: TTFT %.1f ms, predicted %.1f ms",
                     req_id,
                     1e3 * actual,
                     1e3 * decision.predicted_s,
                 )
-                st.ttft_start = None
+                st.account.ttft_start = None
 
 
 def _trim(by_step: dict) -> None:

@@ -170,7 +170,7 @@ class LoadRecord(JobRecord):
                 st.remote_answer = None  # ask the store again, not the old answer
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
             if not self.counted:
-                st.credit(served)
+                st.account.credit(served)
                 self._trace(st, self._good_blocks() if self.ok else 0, ctx.ns.blocks_per_chunk)
         if not self.ok:
             ctx.stats.failed_jobs += 1
@@ -180,13 +180,13 @@ class LoadRecord(JobRecord):
         result arrives (it succeeded: vLLM does not finish a request whose load failed)."""
         if not self.counted:
             self.counted = True
-            st.credit(served_by_tier(self.block_tiers, ns.block_size))
+            st.account.credit(served_by_tier(self.block_tiers, ns.block_size))
             self._trace(st, len(self.block_tiers), ns.blocks_per_chunk)
 
     def _trace(self, st: ReqState, good: int, blocks_per_chunk: int) -> None:
         """Note for the request's trace the blocks this load served (the first ``good``) and
         the chunks whose read failed (every chunk, if the job failed as a whole)."""
-        st.loaded_spans.append((self.first_block, tuple(self.block_tiers[:good])))
+        st.account.loaded_spans.append((self.first_block, tuple(self.block_tiers[:good])))
         first = self.first_block // blocks_per_chunk
         st.failed_chunks.update(
             first + i
@@ -271,7 +271,7 @@ class StoreRecord(JobRecord):
             # a prompt stored over several steps: its head becomes the most recent (chunks
             # of generated tokens keep their place at the cold end)
             warm = min(st.stored_chunks, st.prompt_chunks(ctx.ns.chunk_tokens))
-            ctx.tiers.touch(st.key_array[:warm])
+            ctx.tiers.touch(st.keys.array[:warm])
         if self.ok:
             ctx.stats.stored_tokens += len(self.placed) * ctx.ns.chunk_tokens
         else:

@@ -22,19 +22,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from miniflex.cost import CostModel
-from miniflex.index import keys_to_array
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import LoadTiming
 from miniflex.remote.lookup import RemoteLookup
 from miniflex.scheduler.advisor import HitAdvisor
+from miniflex.scheduler.chunk_keys import ChunkKeys
 from miniflex.scheduler.cuda_graphs import GraphRule
 from miniflex.scheduler.hits import Hit, tokens_by_tier
 from miniflex.scheduler.requests import ReqState
 from miniflex.tiers import TierStack
-from miniflex.types import ChunkKey, Tier
+from miniflex.types import Tier
 
 __all__ = ["LANDING_WAIT_S", "HitLookup", "first_chunk_held"]
 
@@ -64,30 +62,14 @@ class HitLookup:
         self.load_mode = load_mode
         self.remote = remote
 
-    def keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> list[ChunkKey]:
-        """The request's chunk keys, extended (or cut back) to match its block hashes.
-
-        vLLM can rewrite a request's trailing hashes (streaming-input sessions
-        replace the tail of a prompt), so keys whose source hash changed are
-        dropped first. Hashes chain, so the last key that still matches vouches
-        for every key before it; normally that is the first one checked.
-        """
-        bpc = self.ns.blocks_per_chunk
-        n = min(len(st.keys), len(block_hashes) // bpc)
-        while n and block_hashes[n * bpc - 1] != st.key_sources[n - 1]:
-            n -= 1
-        if n < len(st.keys):
-            del st.keys[n:], st.key_sources[n:]
-            st.key_array = st.key_array[:n]
-            st.stored_chunks = min(st.stored_chunks, n)
-            st.store_due = min(st.store_due, n)
-        full = len(block_hashes) // bpc
-        if full > n:
-            sources = [bytes(block_hashes[i * bpc - 1]) for i in range(n + 1, full + 1)]
-            new = [chunk_key(self.ns, h) for h in sources]
-            st.keys += new
-            st.key_sources += sources
-            st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
+    def keys(self, st: ReqState, block_hashes: Sequence[bytes]) -> ChunkKeys:
+        """The request's chunk keys, matched to its block hashes (``ChunkKeys.sync``); where
+        vLLM rewrote trailing hashes, the request's store marks move back to the keys kept."""
+        before = len(st.keys)
+        kept = st.keys.sync(self.ns, block_hashes)
+        if kept < before:
+            st.stored_chunks = min(st.stored_chunks, kept)
+            st.store_due = min(st.store_due, kept)
         return st.keys
 
     def find(
@@ -107,7 +89,7 @@ class HitLookup:
         keys = self.keys(st, block_hashes)
         ct, bs = self.ns.chunk_tokens, self.ns.block_size
         start = num_computed // ct
-        matched = self.tiers.match(st.key_array[start:]) if start < len(keys) else 0
+        matched = self.tiers.match(st.keys.array[start:]) if start < len(keys) else 0
         tiers = self._residence(st, keys, start, matched)
         if self._wait_for_landing(st, keys, start + len(tiers)):
             return Hit(None, resident_by_tier=st.hit.resident_by_tier)
@@ -133,6 +115,7 @@ class HitLookup:
         ):
             # auto: an in-step load only overlaps a step that runs attention eagerly
             timing = LoadTiming.ASYNC
+        st.check()
         return Hit(max(0, end - num_computed), timing, decision, resident)
 
     def _instep(self, tiers: list[Tier]) -> int:
@@ -144,17 +127,17 @@ class HitLookup:
         local = tiers.index(Tier.REMOTE) if Tier.REMOTE in tiers else len(tiers)
         return self.tiers.staged_prefix(tiers[:local])
 
-    def _residence(self, st: ReqState, keys: list[ChunkKey], start: int, n: int) -> list[Tier]:
+    def _residence(self, st: ReqState, keys: ChunkKeys, start: int, n: int) -> list[Tier]:
         """The tier of each of the ``n`` chunks matched from ``start`` on."""
         if not n:
             return []
         if self.tiers.ssd is None:
             return [Tier.CPU] * n
-        run = st.key_array[start : start + n]
+        run = st.keys.array[start : start + n]
         # exact (a chunk being promoted ends the run); the CPU prefix in one compiled call
         return self.tiers.residence(keys[start : start + n], self.tiers.cpu.match(run))
 
-    def _wait_for_landing(self, st: ReqState, keys: list[ChunkKey], end: int) -> bool:
+    def _wait_for_landing(self, st: ReqState, keys: ChunkKeys, end: int) -> bool:
         """True: the chunk after the resident run (``keys[end]``) is landing on SSD and the
         request has waited for it less than recomputing the rest of its prompt would take
         (by the prefill fit; LANDING_WAIT_S at least, and before a fit). Only where the disk

@@ -139,6 +139,7 @@ class MiniFlexManager:
         return len(self._reqs)
 
     def _maybe_forget(self, st: ReqState) -> None:
+        st.check()  # after every commit and finish
         if st.finished and not st.busy:
             del self._reqs[st.req_id]
 
@@ -152,7 +153,7 @@ class MiniFlexManager:
         hit while it waits instead of losing it to the stores of the requests running."""
         st = self.state_for(req_id)
         st.hit = self._lookup.find(st, block_hashes, num_tokens, num_computed)
-        self.tiers.touch(st.key_array)
+        self.tiers.touch(st.keys.array)
         return st.hit
 
     # ---- 2. allocation ----
@@ -162,7 +163,7 @@ class MiniFlexManager:
         st.block_ids = list(block_ids)
         self.advisor.record(st, self.stats)
         self.trace.allocated(st)
-        self.tiers.touch(st.key_array)  # the whole prompt, vLLM's own hit included
+        self.tiers.touch(st.keys.array)  # the whole prompt, vLLM's own hit included
         if num_external <= 0 or st.load is not None or st.load_job is not None:
             return
         ct, timing = self.ns.chunk_tokens, st.hit.timing
@@ -170,16 +171,17 @@ class MiniFlexManager:
         keys = st.keys[first // ct : -(-end // ct)]
         in_step = timing is not LoadTiming.ASYNC
         if in_step and not self.tiers.stream_slots:  # its workers read no SSD in a step
-            keys = keys[: self.tiers.cpu.match(st.key_array[first // ct : -(-end // ct)])]
+            keys = keys[: self.tiers.cpu.match(st.keys.array[first // ct : -(-end // ct)])]
         # A load inside the step reads SSD chunks into CPU slots only (no staging); what
         # cannot be placed since the lookup becomes load errors (recomputed).
         fetch = self.remote is not None and not in_step
         sources = acquire_for_load(self.tiers, keys, fetch, in_step)
         st.load = PendingLoad(first, num_external, sources, timing)
-        st.loaded_as = timing
+        st.account.loaded_as = timing
         self.stats.load_timing[timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, timing.value)
         self._to_load.append(req_id)
+        st.check()
 
     # ---- 3. plans ----
     def build_plan(

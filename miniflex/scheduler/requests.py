@@ -6,16 +6,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
-from miniflex.index import keys_to_array
 from miniflex.plan import JobId, LoadTiming
 from miniflex.remote.lookup import RemoteAnswer
+from miniflex.scheduler.chunk_keys import ChunkKeys
 from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
-from miniflex.types import BlockId, ChunkKey, ReqId, Tier
+from miniflex.types import BlockId, ReqId, Tier
 
-__all__ = ["PendingLoad", "ReqState", "ScheduledReq", "load_tokens_by_tier"]
+__all__ = ["PendingLoad", "ReqAccount", "ReqState", "ScheduledReq", "load_tokens_by_tier"]
 
 
 class ScheduledReq(NamedTuple):
@@ -40,46 +38,68 @@ class PendingLoad:
 
 
 @dataclass
+class ReqAccount:
+    """What a request was served and how long it took: its ``kv_transfer_params``, its trace
+    and its TTFT against the cost model's prediction. Invariant: ``hit_tokens`` is the sum
+    of ``hit_by_tier``."""
+
+    hit_tokens: int = 0
+    hit_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens loaded
+    stored_tokens: int = 0
+    loaded_as: LoadTiming | None = None  # how its last load ran (None: never loaded)
+    loaded_spans: list[tuple[int, tuple[Tier, ...]]] = field(default_factory=list)
+    """Each load's first block and the tier of each block it served (the request's trace)."""
+    gpu_hit_tokens: int | None = None  # vLLM's own hit when first admitted (the trace)
+    decided: bool = False  # the cost model's decision was counted in stats
+    ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
+    ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
+
+    def credit(self, served: Mapping[str, int]) -> None:
+        """Add a finished load's tokens per tier (``served_by_tier``) to the request's hits."""
+        self.hit_tokens += sum(served.values())
+        for tier, n in served.items():
+            self.hit_by_tier[tier] = self.hit_by_tier.get(tier, 0) + n
+
+    def check(self) -> None:
+        assert self.hit_tokens == sum(self.hit_by_tier.values()), (
+            f"hit {self.hit_tokens} tokens, by tier {self.hit_by_tier}"
+        )
+
+
+@dataclass
 class ReqState:
-    """What the scheduler half knows about one request (never crosses processes)."""
+    """What the scheduler half knows about one request (never crosses processes).
+
+    Four parts: its chunk keys; its progress (vLLM's hit and length at the last lookup,
+    the chunks computed and stored); its transfers (at most one load, pending or sent, and
+    its store jobs); and its account (``ReqAccount``). ``check`` asserts the invariant."""
 
     req_id: ReqId
-    keys: list[ChunkKey] = field(default_factory=list)
-    key_array: np.ndarray = field(default_factory=lambda: keys_to_array([]))
-    """``keys`` as the (n, 2) uint64 array the index matches in one compiled call."""
-    key_sources: list[bytes] = field(default_factory=list)
-    """vLLM's block hash each key was derived from (the chunk's last block)."""
+    keys: ChunkKeys = field(default_factory=ChunkKeys)
     block_ids: list[BlockId] = field(default_factory=list)
+    # progress
     num_computed_tokens: int = 0  # vLLM's hit at the last lookup
     num_prompt_tokens: int = 0  # the request's length at the last lookup
     prompt_end: int | None = None
     """The prompt's length: the request's length at its first lookup, before any output.
     Chunks past it hold generated tokens, which MiniFlex stores at the lowest priority."""
     hit: Hit = field(default_factory=Hit)  # what the last lookup found
-    decided: bool = False  # the cost model's decision was counted in stats
-    ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
-    load: PendingLoad | None = None
-    load_job: JobId | None = None
-    load_job_sync: bool = False  # load_job runs inside a step's forward (vLLM doesn't wait)
-    loaded_as: LoadTiming | None = None  # how its last load ran (None: never loaded)
+    landing_since: float | None = None
+    """When lookups began waiting for a chunk on its way to SSD (None: not waiting)."""
+    remote_answer: RemoteAnswer | None = None
+    """The remote store's last answer for this request's keys (reused while fresh)."""
     stored_chunks: int = 0  # leading chunks already stored, present or skipped
     store_due: int = 0  # leading chunks computed, to be stored
     store_waits_since: float | None = None
     """When the chunk at ``stored_chunks`` began waiting for a CPU slot (None: none waits)."""
-    store_jobs: set[JobId] = field(default_factory=set)
     finished: bool = False
-    hit_tokens: int = 0
-    hit_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens loaded
-    landing_since: float | None = None
-    """When lookups began waiting for a chunk on its way to SSD (None: not waiting)."""
-    stored_tokens: int = 0
-    loaded_spans: list[tuple[int, tuple[Tier, ...]]] = field(default_factory=list)
-    """Each load's first block and the tier of each block it served (the request's trace)."""
+    # transfers
+    load: PendingLoad | None = None  # decided, not sent yet
+    load_job: JobId | None = None  # sent, not committed yet
+    load_job_sync: bool = False  # load_job runs inside a step's forward (vLLM doesn't wait)
+    store_jobs: set[JobId] = field(default_factory=set)
     failed_chunks: set[int] = field(default_factory=set)  # chunks whose read failed
-    ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
-    gpu_hit_tokens: int | None = None  # vLLM's own hit when first admitted (the trace)
-    remote_answer: RemoteAnswer | None = None
-    """The remote store's last answer for this request's keys (reused while fresh)."""
+    account: ReqAccount = field(default_factory=ReqAccount)
 
     def prompt_chunks(self, chunk_tokens: int) -> int:
         """How many leading chunks hold prompt tokens only (the rest hold output too)."""
@@ -92,22 +112,17 @@ class ReqState:
         :class:`~miniflex.scheduler.store_planner.StorePlanner`)."""
         return self.store_waits_since is not None and self.store_due > self.stored_chunks
 
-    def credit(self, served: Mapping[str, int]) -> None:
-        """Add a finished load's tokens per tier (``served_by_tier``) to the request's hits."""
-        self.hit_tokens += sum(served.values())
-        for tier, n in served.items():
-            self.hit_by_tier[tier] = self.hit_by_tier.get(tier, 0) + n
-
     def finished_params(self) -> dict[str, dict[str, object]]:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
         in tokens, by tier, and what each tier held of it at its last lookup."""
+        a = self.account
         return {
             "miniflex": {
-                "hit_tokens": self.hit_tokens,
-                "stored_tokens": self.stored_tokens,
-                **{f"hit_tokens_{tier}": n for tier, n in self.hit_by_tier.items()},
+                "hit_tokens": a.hit_tokens,
+                "stored_tokens": a.stored_tokens,
+                **{f"hit_tokens_{tier}": n for tier, n in a.hit_by_tier.items()},
                 **{f"resident_tokens_{t}": n for t, n in self.hit.resident_by_tier.items()},
-                **({"load": self.loaded_as.value} if self.loaded_as is not None else {}),
+                **({"load": a.loaded_as.value} if a.loaded_as is not None else {}),
             }
         }
 
@@ -115,6 +130,14 @@ class ReqState:
     def busy(self) -> bool:
         """True while MiniFlex still moves bytes of this request's blocks, or will."""
         return self.load_job is not None or bool(self.store_jobs) or self.store_waits
+
+    def check(self) -> None:
+        """Assert the invariant: consistent keys; at most one load, pending or sent; a load
+        inside a step only as a sent load; a consistent account."""
+        self.keys.check()
+        assert self.load is None or self.load_job is None, f"{self.req_id}: two loads"
+        assert self.load_job is not None or not self.load_job_sync, f"{self.req_id}: sync of none"
+        self.account.check()
 
 
 def load_tokens_by_tier(

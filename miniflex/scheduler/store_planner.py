@@ -116,7 +116,7 @@ class StorePlanner:
             st.store_waits_since = None
         if not placed:
             return None
-        st.stored_tokens += len(placed) * ns.chunk_tokens
+        st.account.stored_tokens += len(placed) * ns.chunk_tokens
         puts = self._puts.through(len(placed), stats)
         rec = StoreRecord.plan(self._jobs.next_id(), st, keys, placed, ns, self._num_workers, puts)
         self._jobs.add(rec)

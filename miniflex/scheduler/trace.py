@@ -44,7 +44,7 @@ def trace_record(st: ReqState, ns: Namespace, gpu_tokens: int) -> dict[str, Any]
     prompt = st.prompt_end if st.prompt_end is not None else st.num_prompt_tokens
     blocks = prompt // bs
     source = ["gpu" if b * bs < gpu_tokens else "computed" for b in range(blocks)]
-    for first, tiers in st.loaded_spans:
+    for first, tiers in st.account.loaded_spans:
         for j, tier in enumerate(tiers):
             if first + j < blocks:
                 source[first + j] = tier.name.lower()
@@ -65,8 +65,8 @@ def trace_record(st: ReqState, ns: Namespace, gpu_tokens: int) -> dict[str, Any]
         "chunks": chunks,
         "tokens": tokens,
         "resident_tokens": dict(st.hit.resident_by_tier),
-        "load": st.loaded_as.value if st.loaded_as is not None else None,
-        "stored_tokens": st.stored_tokens,
+        "load": st.account.loaded_as.value if st.account.loaded_as is not None else None,
+        "stored_tokens": st.account.stored_tokens,
     }
     if d is not None and d.calibrated:
         out["decision"] = {
@@ -77,7 +77,7 @@ def trace_record(st: ReqState, ns: Namespace, gpu_tokens: int) -> dict[str, Any]
             "recompute_s": d.recompute_s,
             "layerwise": d.layerwise,
         }
-        out["ttft_measured_s"] = st.ttft_measured_s
+        out["ttft_measured_s"] = st.account.ttft_measured_s
     return out
 
 
@@ -96,14 +96,15 @@ class RequestTrace:
     @staticmethod
     def allocated(st: ReqState) -> None:
         """The request was admitted: vLLM's own hit is what it had when first admitted."""
-        if st.gpu_hit_tokens is None:
-            st.gpu_hit_tokens = st.num_computed_tokens
+        if st.account.gpu_hit_tokens is None:
+            st.account.gpu_hit_tokens = st.num_computed_tokens
 
     def finished(self, st: ReqState) -> None:
         """Write the request's line (its hits are settled)."""
         if self._file is None:
             return
-        gpu = st.gpu_hit_tokens if st.gpu_hit_tokens is not None else st.num_computed_tokens
+        gpu = st.account.gpu_hit_tokens
+        gpu = gpu if gpu is not None else st.num_computed_tokens
         line = trace_record(st, self.ns, gpu)
         line["time"] = round(time.time(), 3)
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")

@@ -164,6 +164,6 @@ def test_keys_follow_block_hashes_that_vllm_rewrites(tmp_path: Path) -> None:
     manager.lookup(ReqId("r"), new, 8 * BLOCK + 1, 0)
     assert st.keys[:2] == before[:2] and st.keys[2:] != before[2:] and len(st.keys) == 4
     assert st.stored_chunks == 2  # chunks 2 and 3 will be stored again, under new keys
-    assert len(st.key_array) == 4
+    assert len(st.keys.array) == 4
     manager.lookup(ReqId("r"), new[:3], 3 * BLOCK + 1, 0)  # shrunk below a chunk boundary
-    assert st.keys == before[:1] and st.stored_chunks == 1
+    assert list(st.keys) == before[:1] and st.stored_chunks == 1

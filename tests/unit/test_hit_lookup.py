@@ -31,9 +31,9 @@ def stored(n: int, cpu_slots: int = 8) -> TierStack:
 
 def test_a_request_is_keyed_by_the_last_block_hash_of_each_whole_chunk() -> None:
     lookup, st = lookup_over(stored(0)), ReqState(ReqId("r"))
-    assert lookup.keys(st, HASHES[:7]) == KEYS[:3]  # a partial chunk has no key yet
+    assert list(lookup.keys(st, HASHES[:7])) == KEYS[:3]  # a partial chunk has no key yet
     first = list(st.keys)
-    assert lookup.keys(st, HASHES) == KEYS  # extended as the prompt grows
+    assert list(lookup.keys(st, HASHES)) == KEYS  # extended as the prompt grows
     assert st.keys[:3] == first
     tail = [bytes([0xF0 + i]) * 32 for i in range(5)]  # vLLM replaced the prompt's tail from
     again = lookup.keys(st, [*HASHES[:5], *tail])  # block 5 on (hashes chain: all change)

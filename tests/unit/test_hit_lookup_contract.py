@@ -57,9 +57,9 @@ def test_a_rewritten_prompt_cuts_back_what_the_request_stored_and_has_due() -> N
     tail = [bytes([0xF0 + i]) * 32 for i in range(6)]
     keys = lookup.keys(st, [*HASHES[:4], *tail])  # blocks 4.. replaced: chunk 2 on changed
     assert (st.stored_chunks, st.store_due) == (2, 2)
-    assert keys[:2] == KEYS[:2] and len(keys) == 5 and len(st.key_array) == 5
+    assert keys[:2] == KEYS[:2] and len(keys) == 5 and len(st.keys.array) == 5
     lookup.keys(st, HASHES[:4])  # cut to the first two chunks
-    assert st.keys == KEYS[:2] and len(st.key_array) == 2
+    assert list(st.keys) == KEYS[:2] and len(st.keys.array) == 2
 
 
 def test_the_asked_load_mode_times_a_cpu_hit() -> None:

@@ -132,7 +132,7 @@ def test_a_load_with_a_failed_block_credits_only_the_blocks_before_it() -> None:
         table, ctx, result(job_id, JobKind.LOAD), result(job_id, JobKind.LOAD, failed=(103,))
     )
     rec.commit(ctx, st)
-    assert st.hit_tokens == 3 * BS and st.hit_by_tier == {"cpu": 3 * BS}
+    assert st.account.hit_tokens == 3 * BS and st.account.hit_by_tier == {"cpu": 3 * BS}
     assert st.stored_chunks == 1  # vLLM recomputes from block 3 (chunk 1) on: stored again
     assert ctx.tiers.cpu.usage().pinned_or_moving == 0 and ctx.tiers.match(KEYS) == 3
 
@@ -144,7 +144,7 @@ def test_a_failed_load_credits_nothing_and_drops_its_chunks() -> None:
         table, ctx, result(job_id, JobKind.LOAD), result(job_id, JobKind.LOAD, ok=False)
     )
     rec.commit(ctx, st)
-    assert st.hit_tokens == 0 and st.load_job is None
+    assert st.account.hit_tokens == 0 and st.load_job is None
     assert ctx.tiers.match(KEYS) == 0 and ctx.stats.failed_jobs == 1
     assert st.failed_chunks == {0, 1, 2}
 
@@ -166,5 +166,5 @@ def test_a_failed_fetch_drops_the_requests_remote_answer_and_a_failed_cpu_load_k
             result(job_id, JobKind.LOAD, failed=(102,)), failed_keys=(KEYS[1],)
         )
         report_all(table, ctx, result(job_id, JobKind.LOAD), bad).commit(ctx, st)
-        assert st.hit_tokens == 2 * BS  # chunk 0 served either way
+        assert st.account.hit_tokens == 2 * BS  # chunk 0 served either way
         assert st.remote_answer is (None if fetch else answer)  # the next ask goes to the store

@@ -45,7 +45,7 @@ def test_each_step_stores_the_whole_chunks_it_completed_once() -> None:
     assert p.job(st, HASHES, done_tokens=2 * CT + 20, stats=stats) is None  # nothing new
     more = p.job(st, HASHES, done_tokens=5 * CT, stats=stats)
     assert more is not None and [c.block_ids[0] for c in more.chunks] == [104, 106, 108]
-    assert st.stored_chunks == 5 and st.stored_tokens == 5 * CT
+    assert st.stored_chunks == 5 and st.account.stored_tokens == 5 * CT
 
 
 def test_only_chunks_whose_blocks_vllm_allocated_are_stored() -> None:
