@@ -18,7 +18,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from miniflex.config import parse_size
@@ -60,6 +60,9 @@ class SharedStore:
     Store not started here: its master's metrics port is not in its URL)."""
     about: str = "the store at --url"
     """What it is, for the log and the results."""
+    open_counter: Callable[[], AbstractContextManager[Callable[[], int]]] | None = None
+    """Opens one connection for a run of counts (:func:`wait_for_puts`'s), closed when the
+    block ends, and yields its key count; None: each ``count_keys()`` stands alone."""
 
 
 def server_args_error(args: argparse.Namespace) -> str | None:
@@ -105,7 +108,7 @@ def given_store(url: str) -> SharedStore:
     """The store at ``url`` (``--url``)."""
     if url.startswith(f"{MOONCAKE}://"):
         return SharedStore(url, None)
-    return SharedStore(url, lambda: _redis_keys(url))
+    return SharedStore(url, lambda: _redis_keys(url), open_counter=lambda: _redis_counter(url))
 
 
 @contextmanager
@@ -132,33 +135,52 @@ def private_share_store(
     shape = f"a cluster of {args.server_cluster} primaries" if args.server_cluster else "one"
     about = f"a private {args.server or 'redis-server'}, {shape}, maxmemory {options['maxmemory']}"
     with private_store(tmp, args.server_cluster, **options) as srv:
-        yield SharedStore(srv.url, lambda: _redis_keys(srv.url), about)
+        yield SharedStore(
+            srv.url,
+            lambda: _redis_keys(srv.url),
+            about,
+            open_counter=lambda: _redis_counter(srv.url),
+        )
 
 
 def wait_for_puts(store: SharedStore, quiet_s: float = 2.0, limit_s: float = 600.0) -> int | None:
     """Until the store's key count stops growing for ``quiet_s``: write-through is done (on
     a cluster, the keys of all its primaries). The last count; None if it cannot be counted
-    (then engine A's shutdown, which puts what is queued first, is all there is)."""
+    (then engine A's shutdown, which puts what is queued first, is all there is).
+
+    The counts of one wait share one connection where the store can open one
+    (:attr:`SharedStore.open_counter`)."""
     if store.count_keys is None:
         return None
-    last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        n = store.count_keys()
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            break
-        time.sleep(0.25)
+    counter = store.open_counter() if store.open_counter else nullcontext(store.count_keys)
+    with counter as count_keys:
+        last, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            n = count_keys()
+            if n != last:
+                last, since = n, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+            time.sleep(0.25)
     return last
 
 
-def _redis_keys(url: str) -> int:
+@contextmanager
+def _redis_counter(url: str) -> Iterator[Callable[[], int]]:
+    """One client of the store at ``url`` for the block, closed at its end: yields its key
+    count (on a cluster, of all its primaries)."""
     from miniflex.remote.redis_clients import LazyCluster, open_client
 
     password = os.environ.get("MINIFLEX_REMOTE_PASSWORD") or None
     client = open_client(url, tls=False, options={"password": password})
     try:
         where = {"target_nodes": "primaries"} if isinstance(client, LazyCluster) else {}
-        return int(client.dbsize(**where))
+        yield lambda: int(client.dbsize(**where))
     finally:
         client.close()
+
+
+def _redis_keys(url: str) -> int:
+    """The key count of the store at ``url``, on a client of its own."""
+    with _redis_counter(url) as count:
+        return count()

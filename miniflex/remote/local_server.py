@@ -227,7 +227,11 @@ class LocalCluster:
         for server in self.servers:
             server.start()
         clients = [
-            redis.Redis(port=s.port, password=self._password, socket_timeout=5)  # type: ignore[arg-type]
+            redis.Redis(
+                port=s.port,
+                password=self._password,  # type: ignore[arg-type]
+                socket_timeout=5,
+            )
             for s in self.servers
         ]
         share = -(-self.SLOTS // len(clients))

@@ -133,6 +133,20 @@ def _settle_seconds(text: str) -> float:
 
 
 def _workloads(w: argparse._ArgumentGroup) -> None:
+    """Every workload's options, workload by workload, then the prompts' seed and vocabulary."""
+    _ttft_options(w)
+    _overflow_options(w)
+    _mixed_options(w)
+    _overhead_options(w)
+    _multiturn_options(w)
+    _decode_options(w)
+    _burst_options(w)
+    w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
+    w.add_argument("--vocab-size", type=count, default=32000, help="with --url and no --model")
+
+
+def _ttft_options(w: argparse._ArgumentGroup) -> None:
+    """The ttft workload's options."""
     w.add_argument(
         "--ttft-prompts", type=counts, default=(1024, 8192, 30000), help="prompt lengths"
     )
@@ -154,6 +168,10 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
         "that the disk has written what the fillers left and the load is timed alone "
         "(default 0: at once, as a server meets it)",
     )
+
+
+def _overflow_options(w: argparse._ArgumentGroup) -> None:
+    """The overflow workload's options."""
     w.add_argument("--overflow-prompt-tokens", type=count, default=4096)
     w.add_argument(
         "--overflow-ratios",
@@ -164,6 +182,10 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument(
         "--overflow-passes", type=count, default=2, help="the first only fills the caches"
     )
+
+
+def _mixed_options(w: argparse._ArgumentGroup) -> None:
+    """The mixed workload's options."""
     w.add_argument("--mixed-prefixes", type=count, default=4)
     w.add_argument("--mixed-prefix-tokens", type=count, default=8192)
     w.add_argument("--mixed-suffix-tokens", type=count, default=128)
@@ -172,6 +194,10 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument("--mixed-rate", type=positive, default=4.0, help="requests per second (Poisson)")
     w.add_argument("--mixed-requests", type=count, default=80)
     w.add_argument("--mixed-max-tokens", type=count, default=8)
+
+
+def _overhead_options(w: argparse._ArgumentGroup) -> None:
+    """The overhead workload's options."""
     w.add_argument("--overhead-prompts", type=count, default=32, help="batch of unique prompts")
     w.add_argument("--overhead-prompt-tokens", type=count, default=2048)
     w.add_argument("--overhead-max-tokens", type=count, default=16)
@@ -179,9 +205,17 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument(
         "--overhead-rounds", type=count, default=2, help="batch rounds (median compared)"
     )
+
+
+def _multiturn_options(w: argparse._ArgumentGroup) -> None:
+    """The multiturn workload's options."""
     w.add_argument("--multiturn-prefix-tokens", type=count, default=20000, help="the history")
     w.add_argument("--multiturn-new-tokens", type=count, default=4096, help="the next turn's")
     w.add_argument("--multiturn-repeat", type=count, default=1, help="conversations (median)")
+
+
+def _decode_options(w: argparse._ArgumentGroup) -> None:
+    """The decode workload's options."""
     w.add_argument(
         "--decode-cases",
         type=_cases,
@@ -189,6 +223,10 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
         help="decode: PROMPTSxTOKENSxOUT, comma-separated (default 32x512x256,2x12000x256)",
     )
     w.add_argument("--decode-rounds", type=count, default=3, help="decode: rounds (median)")
+
+
+def _burst_options(w: argparse._ArgumentGroup) -> None:
+    """The burst workload's options."""
     w.add_argument("--burst-prefixes", type=count, default=12)
     w.add_argument("--burst-prefix-tokens", type=count, default=4096)
     w.add_argument("--burst-suffix-tokens", type=count, default=64)
@@ -198,5 +236,3 @@ def _workloads(w: argparse._ArgumentGroup) -> None:
     w.add_argument(
         "--burst-rate", type=rate, default=0.0, help="burst: requests/s (0: all at once)"
     )
-    w.add_argument("--seed", type=int, default=0, help="prompt seed (change it to reuse a server)")
-    w.add_argument("--vocab-size", type=count, default=32000, help="with --url and no --model")
