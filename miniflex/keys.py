@@ -73,6 +73,10 @@ class Namespace:
     """The model's identity beyond its shapes: configuration, weights, the settings that
     change KV (:func:`miniflex.model_identity.model_identity`)."""
     format_version: int = FORMAT_VERSION
+    kv_group: str = ""
+    """The KV cache group of a hybrid model whose layers these chunks hold (its layer
+    names); "" for a model served as one group. Each group of a hybrid model has chunks of
+    its own under the same block hashes, so the group must be part of their keys."""
 
     @property
     def chunk_tokens(self) -> int:
@@ -100,9 +104,11 @@ def namespace_for(
     tp_size: int = 1,
     replicated: bool = False,
     model_digest: str = "",
+    kv_group: str = "",
 ) -> Namespace:
     """The namespace of a model's chunks of ``geometry`` in page order ``layout``
-    (``model_digest``: :func:`miniflex.model_identity.model_identity`)."""
+    (``model_digest``: :func:`miniflex.model_identity.model_identity`; ``kv_group``: see
+    :attr:`Namespace.kv_group`)."""
     return Namespace(
         model=model,
         dtype=geometry.dtype,
@@ -116,11 +122,21 @@ def namespace_for(
         latent=geometry.latent,
         replicated=replicated,
         model_digest=model_digest,
+        kv_group=kv_group,
     )
 
 
+_ADDED_LATER = {"kv_group": ""}
+"""Fields added after FORMAT_VERSION 3, left out of a digest while at these values: the
+keys of every namespace that does not use them stay what they were."""
+
+
 def _digest(ns: Namespace, leave_out: tuple[str, ...]) -> bytes:
-    fields = [f for f in dataclasses.fields(ns) if f.name not in leave_out]
+    fields = [
+        f
+        for f in dataclasses.fields(ns)
+        if f.name not in leave_out and _ADDED_LATER.get(f.name, object()) != getattr(ns, f.name)
+    ]
     text = "|".join(f"{f.name}={getattr(ns, f.name)}" for f in fields)
     return hashlib.blake2b(text.encode(), digest_size=_KEY_BYTES).digest()
 

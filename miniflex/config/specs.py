@@ -151,7 +151,9 @@ SPECS: dict[str, Spec] = {
         (),
         "Directories of the SSD tier (comma-separated; one preallocated O_DIRECT data file "
         "each, slots striped over them; TP rank r uses the subdirectory `rank<r>`). Empty: no "
-        "SSD tier. Chunks found there after a restart with the same model and layout are served.",
+        "SSD tier. Chunks found there after a restart with the same model and layout are served. "
+        "`MiniFlexHMAConnector` gives each KV cache group of a hybrid model the subdirectory "
+        "`group<g>` and an even share of `ssd_bytes`.",
         "",
     ),
     "ssd_bytes": _size(

@@ -67,14 +67,16 @@ class MiniFlexConnector(KVConnectorBase_V1):
         role: KVConnectorRole,
         kv_cache_config: Any = None,
         config: MiniFlexConfig | None = None,
+        kv_group: str = "",
     ):
-        """``config``: MiniFlex's settings (None: read from ``kv_connector_extra_config``)."""
+        """``config``: MiniFlex's settings (None: read from ``kv_connector_extra_config``);
+        ``kv_group``: the hybrid model's KV cache group served (``Namespace.kv_group``)."""
         compat.quiet_connector_notice()
         super().__init__(vllm_config, role, kv_cache_config)
         compat.share_vllm_logging()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = config if config is not None else MiniFlexConfig.from_dict(extra)
-        self.facts = _engine_facts(self.config, vllm_config, kv_cache_config, role)
+        self.facts = _engine_facts(self.config, vllm_config, kv_cache_config, role, kv_group)
         self._scheduler: SchedulerHooks | None = None
         self._step: StepDriver | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -276,7 +278,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
 
 def _engine_facts(
-    config: MiniFlexConfig, vllm_config: Any, kv_cache_config: Any, role: KVConnectorRole
+    config: MiniFlexConfig,
+    vllm_config: Any,
+    kv_cache_config: Any,
+    role: KVConnectorRole,
+    kv_group: str,
 ) -> EngineFacts:
     """What both halves plan for, checked before anything is allocated or started."""
     if kv_cache_config is None:
@@ -300,6 +306,7 @@ def _engine_facts(
         placement.tp_size,
         placement.replicated,
         compat.model_digest(vllm_config),
+        kv_group,
     )
     num_slots = placement.per_store(config.cpu_bytes) // geometry.slot_bytes
     return EngineFacts(

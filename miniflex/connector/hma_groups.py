@@ -18,14 +18,17 @@ this facade forwards every hook to them, joining what vLLM must see once:
   that had a load / held its blocks for stores has reported it; load errors of
   any group make vLLM recompute from that block on.
 
-Loads are asynchronous only (``load_mode`` is set to ``async``) and there is no
-SSD tier; both are refused or overridden here, with a log line.
+Loads are asynchronous only (``load_mode`` is set to ``async``). Each group's chunks
+have keys of their own (``Namespace.kv_group``: its layers), and with ``ssd_dirs``
+each group has an SSD store of its own in ``<dir>/group<g>`` (``ssd_bytes`` split
+evenly); a group holds a chunk in either tier.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -66,18 +69,32 @@ def serves_groups(kv_cache_config: Any) -> bool:
 
 
 def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> MiniFlexConfig:
-    """Group ``g``'s share of the settings: ``cpu_bytes / count``, async loads, its own
-    pool file; the status file and backfill are the ``main`` group's."""
-    if config.ssd_dirs:
-        raise ConfigError("ssd_dirs", config.ssd_dirs, "no SSD tier yet for several KV groups")
+    """Group ``g``'s share of the settings: ``cpu_bytes / count`` and ``ssd_bytes / count``,
+    async loads, its own pool file and SSD directories; the status file and backfill are
+    the ``main`` group's."""
     return dataclasses.replace(
         config,
         cpu_bytes=config.cpu_bytes // count,
+        ssd_dirs=_group_dirs(config.ssd_dirs, g),
+        ssd_bytes=config.ssd_bytes // count,
         load_mode="async",
         cpu_pool_file=f"{config.cpu_pool_file}.g{g}" if config.cpu_pool_file else None,
         status_file=config.status_file if g == main else None,
         backfill_s=config.backfill_s if g == main else 0.0,
     )
+
+
+def _group_dirs(dirs: tuple[str, ...], g: int) -> tuple[str, ...]:
+    """``<dir>/group<g>`` for each SSD directory, created (mode 0700) where ``<dir>``
+    exists; a missing or unwritable ``<dir>`` is left for the SSD tier's own check."""
+    out = tuple(os.path.join(d, f"group{g}") for d in dirs)
+    for d, sub in zip(dirs, out, strict=True):
+        if os.path.isdir(d):
+            try:
+                os.makedirs(sub, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError("ssd_dirs", d, f"cannot create {sub} ({exc.strerror})") from None
+    return out
 
 
 class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
@@ -107,6 +124,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                 role,
                 group_config(kv_cache_config, g),
                 _group_settings(config, g, len(groups), self.main),
+                kv_group=",".join(self.layers[g]),
             )
             for g in range(len(groups))
         ]
@@ -143,7 +161,9 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                 return True  # vLLM's own hit
             manager = self.parts[g].manager
             keys = manager.state_for(req_id).keys
-            return c < len(keys) and keys[c] in manager.cpu
+            if c >= len(keys):
+                return False
+            return keys[c] in manager.cpu or (manager.ssd is not None and keys[c] in manager.ssd)
 
         return held
 
@@ -151,7 +171,8 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         main = self.parts[self.main]
-        if main.get_num_new_matched_tokens(request, num_computed_tokens)[0] is None:
+        decided = main.get_num_new_matched_tokens(request, num_computed_tokens)[0]
+        if decided is None:
             return None, False  # passed over (backfill, the main group's): ask no other group
         others = [p for g, p in enumerate(self.parts) if g != self.main]
         if any(
@@ -167,7 +188,8 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             self.chunk_tokens,
             self.block_size,
         )
-        n = max(0, end - num_computed_tokens)
+        # no more than the main group's own decision (its cost model may recompute SSD chunks)
+        n = max(0, min(end - num_computed_tokens, decided))
         return n, n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:

@@ -49,11 +49,14 @@ NEEDS = (GroupNeed(WINDOW), GroupNeed())
 class Engine:
     """vLLM's Scheduler and one worker, stepped in vLLM's hook order."""
 
-    def __init__(self, tmp_path: Path, max_batched: int, events: Any = None) -> None:
-        """``events``: vLLM's ``KVEventsConfig`` (None: no KV events)."""
+    def __init__(
+        self, tmp_path: Path, max_batched: int, events: Any = None, **settings: Any
+    ) -> None:
+        """``events``: vLLM's ``KVEventsConfig`` (None: no KV events); ``settings``: MiniFlex's,
+        over the defaults here."""
         from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
-        extra = {"cpu_bytes": "2MiB", "blocks_per_chunk": 2}
+        extra = {"cpu_bytes": "2MiB", "blocks_per_chunk": 2, **settings}
         model = write_model_config(tmp_path / "model")
         vc = make_vllm_config(model, extra, NUM_BLOCKS, max_batched, "MiniFlexHMAConnector")
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False

@@ -140,11 +140,23 @@ def test_sliding_and_full_groups_get_one_miniflex_per_group(
     assert all(p.config.cpu_bytes == 2**19 and p.config.load_mode == "async" for p in conn.parts)
 
 
+def test_each_group_gets_an_ssd_store_of_its_own(tmp_path: Path) -> None:
+    needs_hma()
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    vc, kcc = groups_config(tmp_path, {"ssd_dirs": str(ssd), "ssd_bytes": "4MiB"})
+    conn = MiniFlexHMAConnector(vc, KVConnectorRole.SCHEDULER, kcc)
+    dirs = [p.config.ssd_dirs for p in conn.parts]
+    assert dirs == [(str(ssd / "group0"),), (str(ssd / "group1"),)]
+    assert all((ssd / f"group{g}").is_dir() for g in range(2))
+    assert all(p.config.ssd_bytes == 2 << 20 for p in conn.parts)
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
         ({"blocks_per_chunk": 4}, "must fit in the sliding window"),
-        ({"ssd_dirs": "/tmp"}, "no SSD tier yet for several KV groups"),
+        ({"ssd_dirs": "/nonexistent/ssd"}, "/nonexistent/ssd. is not an existing directory"),
     ],
 )
 def test_what_several_groups_cannot_have_is_refused(tmp_path: Path, extra: dict, says: str) -> None:

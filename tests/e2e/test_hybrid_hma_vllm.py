@@ -35,13 +35,14 @@ KV_TOKENS = 3 * 1024
 pytestmark = pytest.mark.e2e
 
 
-def start(root: Path, **engine_args: Any) -> Any:
+def start(root: Path, settings: dict[str, Any] | None = None, **engine_args: Any) -> Any:
+    """An engine of the hybrid model under ``root``; ``settings``: MiniFlex's, over these."""
     spec = TinyModelSpec(
         layer_types=("sliding_attention", "full_attention") * 2, sliding_window=WINDOW
     )
     engine = offline_llm.make_llm(
         write_tiny_model(root / "model", spec),
-        {"cpu_bytes": "64MiB", "blocks_per_chunk": BLOCKS_PER_CHUNK},
+        {"cpu_bytes": "64MiB", "blocks_per_chunk": BLOCKS_PER_CHUNK, **(settings or {})},
         connector="MiniFlexHMAConnector",
         kv_cache_memory_bytes=KV_TOKENS * KV_BYTES_PER_TOKEN,
         block_size=BLOCK_SIZE,
@@ -120,4 +121,28 @@ def test_at_tp_2_each_rank_serves_its_shard_of_both_groups(tmp_path: Path) -> No
             close(engine)
     assert miniflex(cold)["stored_tokens_by_group"][1] == len(tokens) // CHUNK_TOKENS * CHUNK_TOKENS
     assert miniflex(warm)["hit_tokens"] == len(tokens) // CHUNK_TOKENS * CHUNK_TOKENS
+    assert same_output(result_of(warm), result_of(cold))
+
+
+def test_a_restart_serves_both_groups_from_their_ssd_stores(tmp_path: Path, ssd_dir: Path) -> None:
+    """Each group writes its chunks through to an SSD store of its own; an engine started
+    afresh over the same directory loads both groups from disk and gives the same output."""
+    tokens = prompt(800, 1000)
+    ssd = {"ssd_dirs": str(ssd_dir), "ssd_bytes": "64MiB", "ssd_write": "through"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONHASHSEED", "0")  # the same block hashes in both engines
+        engine = start(tmp_path, ssd)
+        try:
+            cold = generate(engine, tokens)
+        finally:
+            close(engine)
+        engine = start(tmp_path, ssd)
+        try:
+            warm = generate(engine, tokens)
+        finally:
+            close(engine)
+    full_chunks = len(tokens) // CHUNK_TOKENS * CHUNK_TOKENS
+    assert sorted(p.name for p in ssd_dir.iterdir()) == ["group0", "group1"]
+    assert miniflex(warm)["hit_tokens"] == miniflex(warm)["hit_tokens_ssd"] == full_chunks
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
     assert same_output(result_of(warm), result_of(cold))

@@ -54,10 +54,22 @@ def test_every_namespace_field_changes_the_keys() -> None:
         "latent": True,
         "replicated": True,
         "format_version": 99,
+        "kv_group": "model.layers.0.attn",
     }
     for field, value in changes.items():
         other = dataclasses.replace(NS, **{field: value})
         assert chunk_keys_from_tokens(other, tokens) != base, field
+
+
+def test_a_namespace_of_one_kv_group_keeps_the_keys_it_had_before_the_field() -> None:
+    # the digest as it was derived before kv_group existed: every other field, in order
+    fields = [f for f in dataclasses.fields(NS) if f.name != "kv_group"]
+    text = "|".join(f"{f.name}={getattr(NS, f.name)}" for f in fields)
+    before = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    assert NS.digest == before
+    assert NS.kv_group == "" and chunk_key(NS, b"h" * 32) != chunk_key(
+        dataclasses.replace(NS, kv_group="model.layers.0.attn"), b"h" * 32
+    )
 
 
 def test_a_block_hash_key_is_scoped_by_the_namespace() -> None:
