@@ -91,6 +91,21 @@ class RemoteLookup:
         self.seconds += time.perf_counter() - t0
         return RemoteAnswer(keys[0], len(keys), held, now)
 
+    def held_each(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether every shard's store holds each of ``keys`` (not only a leading run: a
+        sliding-window group needs the chunks of a window, not a prefix). One round trip
+        per shard, bounded like ``ask``; all False where a store cannot answer."""
+        if not keys:
+            return []
+        t0 = time.perf_counter()
+        held = [True] * len(keys)
+        for store in self.stores:
+            held = [h and f for h, f in zip(held, store.exists(keys), strict=True)]
+            if not any(held):
+                break
+        self.seconds += time.perf_counter() - t0
+        return held
+
     def stats(self) -> RemoteStats:
         """The counters of the scheduler's stores, summed (``down`` if any is down)."""
         snaps = [s.stats() for s in self.stores]

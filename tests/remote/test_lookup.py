@@ -62,3 +62,20 @@ def test_a_store_that_cannot_answer_holds_nothing(server: LocalServer) -> None:
     server.kill()
     assert lookup.ask(KEYS).held == 0
     lookup.close()
+
+
+def test_held_each_answers_every_key_past_a_gap_on_every_shard(server: LocalServer) -> None:
+    a, b = store(server.url, NS_A), store(server.url, NS_B)
+    for i in (0, 2, 3, 5):
+        assert a.put(KEYS[i], b"x" * 64)
+    for i in (2, 5):
+        assert b.put(KEYS[i], b"x" * 64)
+    one = RemoteLookup([store(server.url, NS_A)])
+    assert one.held_each(KEYS) == [True, False, True, True, False, True]
+    both = RemoteLookup([store(server.url, NS_A), store(server.url, NS_B)])
+    assert both.held_each(KEYS) == [False, False, True, False, False, True]
+    assert both.held_each([]) == []
+    for lookup in (one, both):
+        lookup.close()
+    a.close()
+    b.close()
