@@ -21,8 +21,8 @@ this facade forwards every hook to them, joining what vLLM must see once:
 Loads are asynchronous only (``load_mode`` is set to ``async``). Each group's chunks
 have keys of their own (``Namespace.kv_group``: its layers), and with ``ssd_dirs``
 each group has an SSD store of its own in ``<dir>/group<g>`` (``ssd_bytes`` split
-evenly); a group holds a chunk in either tier, or in the remote store (asked for the
-chunks neither holds, one round trip per group and lookup).
+evenly); a group holds a chunk in either tier, or in the remote store
+(:mod:`miniflex.connector.group_residency`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat
 from miniflex.connector.connector import MiniFlexConnector
+from miniflex.connector.group_residency import group_held
 from miniflex.connector.group_views import (
     SERVED_KINDS,
     GroupBlocks,
@@ -156,43 +157,6 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                 )
 
     # ---------------- scheduler side ----------------
-    def _held(self, req_id: str, local_chunks: int) -> Any:
-        """``held(g, c)``: whether group ``g`` holds chunk ``c`` of the request (vLLM's own
-        hit, its CPU or SSD tier, or the remote store, asked once here per group)."""
-        remote = [self._remote_held(p.manager, req_id, local_chunks) for p in self.parts]
-
-        def held(g: int, c: int) -> bool:
-            if c < local_chunks:
-                return True  # vLLM's own hit
-            manager = self.parts[g].manager
-            keys = manager.state_for(req_id).keys
-            if c >= len(keys):
-                return False
-            key = keys[c]
-            return (
-                key in manager.cpu
-                or (manager.ssd is not None and key in manager.ssd)
-                or (c in remote[g])
-            )
-
-        return held
-
-    @staticmethod
-    def _remote_held(manager: Any, req_id: str, first: int) -> set[int]:
-        """The chunks from ``first`` on that the remote store holds and the group's local
-        tiers do not (none without a remote tier)."""
-        if manager.remote is None:
-            return set()
-        keys = manager.state_for(req_id).keys
-        ssd = manager.ssd
-        ask = [
-            c
-            for c in range(first, len(keys))
-            if keys[c] not in manager.cpu and (ssd is None or keys[c] not in ssd)
-        ]
-        found = manager.remote.held_each([keys[c] for c in ask])
-        return {c for c, f in zip(ask, found, strict=True) if f}
-
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
@@ -206,9 +170,16 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         ):
             return None, False
         keys = main.manager.state_for(request.request_id).keys
+        ct = self.chunk_tokens
         end = longest_hit(
             self.needs,
-            self._held(request.request_id, num_computed_tokens // self.chunk_tokens),
+            group_held(
+                [p.manager for p in self.parts],
+                self.main,
+                request.request_id,
+                num_computed_tokens // ct,
+                -(-(num_computed_tokens + decided) // ct),
+            ),
             len(keys),
             request.num_tokens - 1,
             self.chunk_tokens,

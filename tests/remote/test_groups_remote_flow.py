@@ -40,3 +40,18 @@ def test_a_second_engine_loads_both_groups_from_the_store(
     load_and_check(second, a, "b", 10 * CHUNK)  # both groups' pages, bit for bit
     assert second.params["b"]["hit_tokens_remote"] == 10 * CHUNK
     second.worker.shutdown()
+
+
+def test_a_prompt_with_nothing_to_load_asks_no_group_about_windows(
+    tmp_path: Path, server: LocalServer
+) -> None:
+    first = engine(tmp_path, server.url)
+    asked: list[int] = []
+    for part in first.sched.connector.parts:
+        lookup = part.manager.remote
+        real = lookup.held_each
+        lookup.held_each = lambda keys, real=real: asked.append(len(keys)) or real(keys)
+    first.add("a", tokens(1, PROMPT))
+    first.run()  # nothing stored anywhere yet: the main group decides no load
+    assert asked == []
+    first.worker.shutdown()
