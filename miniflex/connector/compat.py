@@ -174,6 +174,14 @@ def hma_base() -> type | None:
     return getattr(base, "SupportsHMA", None)
 
 
+def transfer_results_class() -> type | None:
+    """vLLM's ``KVConnectorTransferResults`` (0.30+: a worker's connector can report failed
+    loads by request, ``failed_recving``), or None where this version has none."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    return getattr(base, "KVConnectorTransferResults", None)
+
+
 def group_block_ids(block_ids: Any) -> tuple[list[BlockId], ...]:
     """Every KV cache group's block ids, in group order, from vLLM's per-group tuple
     (``request_finished_all_groups``, ``KVCacheBlocks.get_block_ids()``)."""

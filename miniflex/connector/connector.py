@@ -162,6 +162,11 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
     @timed_hook
     def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.step.load_errors()[0]
+
+    def take_load_failures(self) -> tuple[set[int], set[str]]:
+        """Not a vLLM hook: what ``get_block_ids_with_load_errors`` would return, and the
+        requests of those blocks (a facade over several KV cache groups reports requests)."""
         return self.step.load_errors()
 
     @timed_hook

@@ -15,8 +15,9 @@ this facade forwards every hook to them, joining what vLLM must see once:
   window while the request runs, so those stores are finished in
   ``wait_for_save``, before any later forward can reuse the blocks;
 * a request is in ``finished_recving`` / ``finished_sending`` once every group
-  that had a load / held its blocks for stores has reported it; load errors of
-  any group make vLLM recompute from that block on.
+  that had a load / held its blocks for stores has reported it; a load that failed
+  in any group is reported then too, by request (``failed_recving``, vLLM 0.30+), and
+  vLLM recomputes the request (before 0.30, by block: vLLM recomputes from there).
 
 Loads are asynchronous only (``load_mode`` is set to ``async``). Each group's chunks
 have keys of their own (``Namespace.kv_group``: its layers), and with ``ssd_dirs``
@@ -55,11 +56,14 @@ from miniflex.connector.model_kinds import geometry_for
 from miniflex.errors import ConfigError
 from miniflex.hybrid import longest_hit
 from miniflex.plan import JobKind
+from miniflex.ranks import TPPlacement
+from miniflex.ssd.preflight import check_ssd_tier
 
 __all__ = ["MiniFlexGroupsConnector", "serves_groups"]
 
 logger = logging.getLogger("miniflex.connector")
 _HMA = compat.hma_base()
+_RESULTS = compat.transfer_results_class()
 _BASES: tuple[type, ...] = (KVConnectorBase_V1,) if _HMA is None else (KVConnectorBase_V1, _HMA)
 
 
@@ -71,7 +75,8 @@ def serves_groups(kv_cache_config: Any) -> bool:
 
 
 def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> MiniFlexConfig:
-    """Group ``g``'s share of the settings: ``cpu_bytes / count`` and ``ssd_bytes / count``,
+    """Group ``g``'s share of the settings: ``cpu_bytes``, ``ssd_bytes`` and
+    ``ssd_stream_bytes`` split evenly,
     async loads, its own pool file and SSD directories; the status file and backfill are
     the ``main`` group's."""
     return dataclasses.replace(
@@ -79,6 +84,7 @@ def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> Mi
         cpu_bytes=config.cpu_bytes // count,
         ssd_dirs=_group_dirs(config.ssd_dirs, g),
         ssd_bytes=config.ssd_bytes // count,
+        ssd_stream_bytes=config.ssd_stream_bytes // count,
         load_mode="async",
         cpu_pool_file=f"{config.cpu_pool_file}.g{g}" if config.cpu_pool_file else None,
         status_file=config.status_file if g == main else None,
@@ -118,6 +124,9 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         self.block_size = int(groups[0].kv_cache_spec.block_size)
         self.chunk_tokens = config.chunk_blocks(self.block_size) * self.block_size
         self._check_windows(config)  # before any group's MiniFlex starts
+        if config.ssd_dirs and role == KVConnectorRole.WORKER:  # all groups' stores at once:
+            per_rank = TPPlacement(compat.tp_size(vllm_config)).per_store(config.ssd_bytes)
+            check_ssd_tier(config.ssd_dirs, per_rank, None, ranks=[compat.tp_rank()])
         self.main = next(g for g, need in enumerate(self.needs) if need.window is None)
         """The full-attention group whose stats, status and hits vLLM is shown."""
         self.parts = [
@@ -136,6 +145,7 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         window group null blocks before the window of the tokens it was admitted with)."""
         self._recv_wait: dict[str, set[int]] = defaultdict(set)
         self._send_wait: dict[str, set[int]] = defaultdict(set)
+        self._failed: set[str] = set()  # loads failed in a group, not reported to vLLM yet
         logger.info(
             "MiniFlex serves %d KV cache groups (windows %s), %d layers each",
             len(groups),
@@ -181,12 +191,13 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                 -(-(num_computed_tokens + decided) // ct),
             ),
             len(keys),
-            request.num_tokens - 1,
+            # no more than the main group decided to load (its cost model may recompute SSD
+            # chunks): a shorter hit needs another window, so it is searched for, not cut
+            min(request.num_tokens - 1, num_computed_tokens + decided),
             self.chunk_tokens,
             self.block_size,
         )
-        # no more than the main group's own decision (its cost model may recompute SSD chunks)
-        n = max(0, min(end - num_computed_tokens, decided))
+        n = max(0, end - num_computed_tokens)
         return n, n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -340,7 +351,22 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                 done.add(req_id)
         return done
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """vLLM 0.30+: ``get_finished``, and the requests whose load failed in any group
+        (``failed_recving``). Block ids are unique only within a group, so vLLM refuses
+        block-level load errors for several groups (0.31+ raises): a failed load makes
+        vLLM recompute the whole request instead. A failure is reported with the request's
+        ``finished_recving``, once every group is done writing its blocks."""
+        sending, recving = self.get_finished(finished_req_ids)
+        self._failed |= set().union(*(p.take_load_failures()[1] for p in self.parts))
+        failed = self._failed & (recving or set())
+        self._failed -= failed | finished_req_ids  # an aborted request's is moot
+        return _RESULTS(sending or set(), recving or set(), failed)  # type: ignore[misc]
+
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """Before vLLM 0.30 (no ``failed_recving``): every group's failed blocks."""
+        if _RESULTS is not None:
+            return set()  # reported by request in get_transfer_results
         return set().union(*(p.get_block_ids_with_load_errors() for p in self.parts))
 
     def build_connector_worker_meta(self) -> GroupsWorkerMeta | None:

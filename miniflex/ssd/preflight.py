@@ -175,9 +175,9 @@ def _check_space(
 ) -> dict[str, int]:
     """Refuse when a file system lacks room for the files placed on it; free space per dir.
 
-    Room for: each rank's data file in each directory (less what an existing one
-    holds), and beside the first one its journal (with a compaction's copy) and
-    the start-up read probe's scratch file.
+    Room for: each rank's data file in each directory (less what existing ones hold, a
+    hybrid model's per group included), and beside the first one its journal (with a
+    compaction's copy) and the start-up read probe's scratch file.
     """
     free: dict[str, int] = {}
     on_dev: dict[int, list[str]] = {}
@@ -185,11 +185,7 @@ def _check_space(
         vfs = os.statvfs(d)
         free[d] = vfs.f_bavail * vfs.f_frsize
         on_dev.setdefault(os.stat(d).st_dev, []).append(d)
-    held = {
-        (d, r): _allocated(os.path.join(rank_dirs([d], r)[0], DATA_FILE))
-        for d in dirs
-        for r in ranks
-    }
+    held = {(d, r): _held_bytes(d, r) for d in dirs for r in ranks}
 
     def need(on: list[str], total: int) -> int:
         """Bytes still to allocate in directories ``on`` (one file system) for a tier of
@@ -219,6 +215,17 @@ def _check_space(
             "or free disk space",
         )
     return free
+
+
+def _held_bytes(d: str, rank: int) -> int:
+    """What rank ``rank``'s data files under ``d`` already hold: its store's, or those of a
+    hybrid model's KV cache groups (``<d>/group<g>/rank<r>``, one store per group)."""
+    held = _allocated(os.path.join(rank_dirs([d], rank)[0], DATA_FILE))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(d):
+            if entry.name.startswith("group") and entry.is_dir(follow_symlinks=False):
+                held += _allocated(os.path.join(rank_dirs([entry.path], rank)[0], DATA_FILE))
+    return held
 
 
 def _allocated(path: str) -> int:

@@ -114,6 +114,7 @@ class MiniFlexHandler:
         self._pending: dict[ReqId, list[Future[JobResult]]] = {}
         self._release: set[ReqId] = set()
         self._load_errors: set[BlockId] = set()
+        self._failed_loads: set[ReqId] = set()  # requests of the load errors
         self._results: list[JobResult] = []
         self._plan: TransferPlan | None = None
         self._submitted: set[JobKind] = set()
@@ -245,7 +246,7 @@ class MiniFlexHandler:
             return
         for res in self._step_loads.finish():
             self._results.append(res)
-            self._load_errors.update(res.failed_block_ids)
+            self._note_errors(res)
 
     def forward_started(self, plan: TransferPlan) -> None:
         """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
@@ -330,7 +331,7 @@ class MiniFlexHandler:
                 self._results.append(res)
                 if res.kind is JobKind.LOAD:
                     recving.add(res.req_id)
-                    self._load_errors.update(res.failed_block_ids)
+                    self._note_errors(res)
             if still:
                 self._pending[req_id] = still
             else:
@@ -348,8 +349,16 @@ class MiniFlexHandler:
         out, self._results = self._results, []
         return out
 
-    def take_load_errors(self) -> set[BlockId]:
-        out, self._load_errors = self._load_errors, set()
+    def _note_errors(self, res: JobResult) -> None:
+        if res.failed_block_ids:
+            self._load_errors.update(res.failed_block_ids)
+            if res.req_id is not None:
+                self._failed_loads.add(res.req_id)
+
+    def take_load_errors(self) -> tuple[set[BlockId], set[ReqId]]:
+        """The blocks of the loads that failed since the last call, and their requests."""
+        out = self._load_errors, self._failed_loads
+        self._load_errors, self._failed_loads = set(), set()
         return out
 
     def shutdown(self) -> None:

@@ -81,8 +81,10 @@ class StepDriver:
         sending, recving = self.handler.poll()
         return sending or None, recving or None
 
-    def load_errors(self) -> set[int]:
-        return set(self.handler.take_load_errors())
+    def load_errors(self) -> tuple[set[int], set[str]]:
+        """The blocks of the loads that failed since the last call, and their requests."""
+        blocks, reqs = self.handler.take_load_errors()
+        return set(blocks), set(reqs)
 
     def report(self) -> WorkerReport | None:
         """What the scheduler half gets this step; None while there is nothing worth sending

@@ -133,13 +133,18 @@ class Engine:
         w.wait_for_save()
         for part in w.parts if drain else ():
             part.handler.drain()
-        sending, recving = w.get_finished(so.finished_req_ids)
-        out = KVConnectorOutput(
-            finished_sending=sending,
-            finished_recving=recving,
-            invalid_block_ids=w.get_block_ids_with_load_errors(),
-            kv_connector_worker_meta=w.build_connector_worker_meta(),
-        )
+        out = KVConnectorOutput()
+        if compat.transfer_results_class() is not None:  # as vLLM 0.30+ asks
+            results = w.get_transfer_results(so.finished_req_ids)
+            out.finished_sending, out.finished_recving = (
+                results.finished_sending,
+                results.finished_recving,
+            )
+            out.failed_recving = results.failed_recving
+        else:
+            out.finished_sending, out.finished_recving = w.get_finished(so.finished_req_ids)
+        out.invalid_block_ids = w.get_block_ids_with_load_errors()
+        out.kv_connector_worker_meta = w.build_connector_worker_meta()
         w.clear_connector_metadata()
         ids = list(so.num_scheduled_tokens)
         done = [self.requests[r].num_computed_tokens >= self.requests[r].num_tokens for r in ids]

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from miniflex.connector import compat
 from miniflex.keys import chunk_key
@@ -76,3 +77,54 @@ def test_both_groups_are_served_from_ssd_once_their_cpu_copies_are_gone(
     load_and_check(engine, a, "b", 10 * CHUNK)
     params = engine.params["b"]
     assert params["hit_tokens_ssd"] == 10 * CHUNK  # the main group's, all from SSD
+
+
+def test_a_chunk_that_fails_its_read_costs_a_recompute_never_the_engine(
+    engine: Engine, direct_dir: Path
+) -> None:
+    """Block ids are unique only within a group, so a failed load is reported by request
+    (vLLM 0.30+; 0.31+ raises on block-level errors for several groups): vLLM recomputes."""
+    a = engine.add("a", tokens(1, PROMPT))
+    engine.run()
+    for i in range(3):
+        engine.add(f"f{i}", tokens(10 + i, PROMPT))
+        engine.run()
+    full = engine.sched.connector.parts[1]
+    slot = full.manager.ssd.slot_of(chunk_keys(full, a)[3])
+    assert slot is not None
+    with open(direct_dir / "group1" / "rank0" / DATA_FILE, "r+b") as f:  # fails its checksum
+        f.seek(slot * 4096 + 100)
+        byte = f.read(1)
+        f.seek(slot * 4096 + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert engine.sched.reset_prefix_cache()
+    engine.add("b", list(a.prompt_token_ids))
+    engine.run()  # the failed load is recomputed, and the engine goes on
+    assert engine.params["b"]["hit_tokens"] < 10 * CHUNK
+    read = {(g, b): page for (r, g, b), page in engine.read.items() if r == "b"}
+    assert read and all(torch.equal(p, engine.page(a, b, g).half()) for (g, b), p in read.items())
+
+
+def test_a_hit_the_main_group_cuts_short_ends_where_the_window_group_holds_a_window(
+    tmp_path: Path, direct_dir: Path
+) -> None:
+    """The full-attention group leaves its SSD chunks to recompute (``hit_policy=cpu``) and
+    loads 5 chunks; the window before token 160 needs chunk 4, which the window group never
+    stored (no step ended there), so the hit is the longest shorter one it holds: 128."""
+    if compat.hma_base() is None:
+        pytest.skip("this vLLM has no SupportsHMA")
+    engine = Engine(
+        tmp_path,
+        max_batched=4 * CHUNK,  # steps end at chunks 4, 8 and 10: chunk 4 is in no window
+        ssd_dirs=str(direct_dir),
+        ssd_bytes="2MiB",
+        ssd_write="through",
+        hit_policy="cpu",
+    )
+    a = engine.add("a", tokens(1, PROMPT))
+    engine.run()
+    full = engine.sched.connector.parts[1].manager
+    for key in chunk_keys(engine.sched.connector.parts[1], a)[5:]:
+        assert key in full.ssd and full.cpu.drop(key)  # on SSD only: not loaded by choice
+    assert engine.sched.reset_prefix_cache()
+    load_and_check(engine, a, "b", 4 * CHUNK)

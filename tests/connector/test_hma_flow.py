@@ -22,6 +22,7 @@ from vllm.v1.request import RequestStatus
 from miniflex.connector import MiniFlexConnector, MiniFlexHMAConnector, compat
 from miniflex.connector.hma_groups import MiniFlexGroupsConnector
 from miniflex.errors import ConfigError
+from tests.conftest import MountFS
 from tests.connector.engine_config import (
     BLOCK,
     HEAD,
@@ -152,6 +153,18 @@ def test_each_group_gets_an_ssd_store_of_its_own(tmp_path: Path) -> None:
     assert all(p.config.ssd_bytes == 2 << 20 for p in conn.parts)
 
 
+def test_the_groups_ssd_stores_are_checked_together_before_any_is_made(
+    tmp_path: Path, mount_fs: MountFS
+) -> None:
+    """Each group's share (8 MiB) fits the 16 MiB disk; both together do not."""
+    needs_hma()
+    small = mount_fs(16)
+    vc, kcc = groups_config(tmp_path, {"ssd_dirs": str(small), "ssd_bytes": "16MiB"})
+    with pytest.raises(ConfigError, match=r"ssd_bytes.*needs"):
+        MiniFlexHMAConnector(vc, KVConnectorRole.WORKER, kcc)
+    assert not [p for p in small.rglob("*") if p.is_file()]
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -159,7 +172,9 @@ def test_each_group_gets_an_ssd_store_of_its_own(tmp_path: Path) -> None:
         ({"ssd_dirs": "/nonexistent/ssd"}, "/nonexistent/ssd. is not an existing directory"),
     ],
 )
-def test_what_several_groups_cannot_have_is_refused(tmp_path: Path, extra: dict, says: str) -> None:
+def test_bad_settings_for_several_groups_are_refused(
+    tmp_path: Path, extra: dict, says: str
+) -> None:
     needs_hma()
     vc, kcc = groups_config(tmp_path, extra)
     with pytest.raises(ConfigError, match=says):

@@ -89,6 +89,20 @@ def test_an_existing_data_file_counts_as_room(mount_fs: MountFS, backend: IOBack
     check_ssd_tier([str(small)], size, SLOT)
 
 
+def test_the_data_files_of_a_hybrid_models_groups_count_as_room(
+    mount_fs: MountFS, backend: IOBackend
+) -> None:
+    """A hybrid model's KV cache groups keep a store each, in ``<dir>/group<g>``."""
+    small = mount_fs(16)
+    size = 128 * SLOT  # two groups of 4 MiB: 8 MiB of a 16 MiB disk, no room for it twice
+    for g in range(2):
+        os.mkdir(small / f"group{g}")
+        rd = rank_dirs([str(small / f"group{g}")], 0)[0]
+        os.mkdir(rd)
+        SSDStore([rd], size // 2, SLOT, DIGEST, backend).close()
+    check_ssd_tier([str(small)], size, SLOT)
+
+
 def test_an_ssd_tier_below_one_chunk_per_directory(direct_dir: Path) -> None:
     err = refusal([direct_dir], SLOT // 2)
     assert err.key == "ssd_bytes" and "holds no chunk per directory" in str(err)

@@ -64,7 +64,7 @@ def test_an_async_load_is_reported_received_in_a_later_step(driver: StepDriver) 
     run_step(driver, TransferPlan((job(2, "b", JobKind.LOAD, block=5, slot=0),), step=2))
     wait_until(lambda: driver.handler.in_flight(ReqId("b")) == 0, "the load")
     assert driver.finished(None) == (None, {"b"})
-    assert driver.load_errors() == set()
+    assert driver.load_errors() == (set(), set())
 
 
 def test_a_step_without_a_forward_still_stores_and_fails_its_in_step_loads(
@@ -76,7 +76,7 @@ def test_a_step_without_a_forward_still_stores_and_fails_its_in_step_loads(
     plan = TransferPlan((store, in_step), step=1, release=("a",), forward=False)
     driver.bound(plan)
     first, _ = driver.finished(plan)  # the only hook that comes; a quick store is done already
-    assert driver.load_errors() == {5}  # never read unloaded
+    assert driver.load_errors() == ({5}, {"b"})  # never read unloaded
     wait_until(lambda: driver.handler.in_flight(ReqId("a")) == 0, "the store")
     later, _ = driver.finished(None)
     assert (first or set()) | (later or set()) == {"a"}  # reported once, by one of the two

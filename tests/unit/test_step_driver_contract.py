@@ -96,7 +96,7 @@ def test_an_in_step_load_lands_each_layer_before_that_layer_runs(rank: Rank) -> 
     driver.layer(LAYERS[1])
     driver.after_forward(plan)
     assert driver.finished(plan) == (None, None)  # never finished-receiving: vLLM did not wait
-    assert driver.load_errors() == set()
+    assert driver.load_errors() == (set(), set())
     report = driver.report()
     assert report is not None
     assert (JobId(2), JobKind.LOAD, True) in {(r.job_id, r.kind, r.ok) for r in report[0]}
@@ -112,7 +112,7 @@ def test_a_full_graph_step_orders_every_layer_before_the_forward(rank: Rank) -> 
     assert all(torch.equal(kv[n][5], kv[n][2]) for n in LAYERS)
     driver.after_forward(plan)
     driver.finished(plan)
-    assert driver.load_errors() == set()
+    assert driver.load_errors() == (set(), set())
 
 
 def test_a_requests_store_is_failed_when_its_in_step_load_failed(rank: Rank) -> None:
@@ -125,7 +125,7 @@ def test_a_requests_store_is_failed_when_its_in_step_load_failed(rank: Rank) -> 
     run_step(driver, plan)
     wait_until(lambda: driver.handler.in_flight(ReqId("b")) == 0, "the store's report")
     driver.finished(None)
-    assert driver.load_errors() == {5}
+    assert driver.load_errors() == ({5}, {"b"})
     report = driver.report()
     assert report is not None
     by_job = {r.job_id: r for r in report[0]}
@@ -142,8 +142,8 @@ def test_an_async_load_that_fails_is_received_with_its_blocks_as_load_errors(
     run_step(driver, TransferPlan((job(2, "b", JobKind.LOAD, block=5, slot=0),), step=2))
     wait_until(lambda: driver.handler.in_flight(ReqId("b")) == 0, "the load")
     assert driver.finished(None) == (None, {"b"})  # vLLM goes on, recomputing block 5
-    assert driver.load_errors() == {5}
-    assert driver.load_errors() == set()  # taken once
+    assert driver.load_errors() == ({5}, {"b"})
+    assert driver.load_errors() == (set(), set())  # taken once
 
 
 def test_the_first_report_carries_the_probe_and_results_are_reported_once(rank: Rank) -> None:
