@@ -32,12 +32,15 @@ class Hit:
     they load (ASYNC: before the step that computes the rest; else inside it).
     ``decision``: the cost model's, when it decided. ``resident_by_tier``: tier name ->
     prompt tokens found resident there, before the cost model chose what to load.
+    ``declined_tokens``: tokens vLLM could have taken of the resident chunks offered to
+    the cost model that it chose to recompute instead.
     """
 
     tokens: int | None = 0
     timing: LoadTiming = LoadTiming.ASYNC
     decision: Decision | None = None
     resident_by_tier: Mapping[str, int] = field(default_factory=dict)
+    declined_tokens: int = 0
 
     @property
     def load_async(self) -> bool:

@@ -109,14 +109,19 @@ class HitLookup:
             n, timing, decision = self.advisor.decide(
                 st, tiers, num_tokens, num_computed, slow, instep
             )
-        end = min((start + n) * ct, (num_tokens - 1) // bs * bs)
+        last = (num_tokens - 1) // bs * bs  # vLLM computes the last token
+        end = min((start + n) * ct, last)
+        declined = 0
+        if decision is not None:  # what it was offered and chose to recompute
+            offered = min((start + decision.resident_chunks) * ct, last)
+            declined = max(0, offered - max(end, num_computed))
         if end <= num_computed or (
             self.load_mode == "auto" and not self.graphs.in_step_sees_hooks(num_tokens - end)
         ):
             # auto: an in-step load only overlaps a step that runs attention eagerly
             timing = LoadTiming.ASYNC
         st.check()
-        return Hit(max(0, end - num_computed), timing, decision, resident)
+        return Hit(max(0, end - num_computed), timing, decision, resident, declined)
 
     def _instep(self, tiers: list[Tier]) -> int:
         """How many leading chunks a load inside the step may take, SSD reads included: as

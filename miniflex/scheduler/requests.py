@@ -114,7 +114,8 @@ class ReqState:
 
     def finished_params(self) -> dict[str, dict[str, object]]:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
-        in tokens, by tier, and what each tier held of it at its last lookup."""
+        in tokens, by tier, what each tier held of it at its last lookup, and what of that
+        the cost model chose to recompute (where it did)."""
         a = self.account
         return {
             "miniflex": {
@@ -122,6 +123,7 @@ class ReqState:
                 "stored_tokens": a.stored_tokens,
                 **{f"hit_tokens_{tier}": n for tier, n in a.hit_by_tier.items()},
                 **{f"resident_tokens_{t}": n for t, n in self.hit.resident_by_tier.items()},
+                **({"declined_tokens": d} if (d := self.hit.declined_tokens) else {}),
                 **({"load": a.loaded_as.value} if a.loaded_as is not None else {}),
             }
         }

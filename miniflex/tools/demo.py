@@ -38,6 +38,7 @@ from miniflex.ssd.files import supports_direct
 from miniflex.tools.offline_llm import (
     evict_gpu_prefix_cache,
     make_llm,
+    miniflex_declined_tokens,
     miniflex_hit_tokens,
     miniflex_hits_by_tier,
     miniflex_resident_by_tier,
@@ -49,7 +50,6 @@ __all__ = ["DemoRow", "run_demo"]
 
 BLOCK_SIZE = 32
 BLOCKS_PER_CHUNK = 2
-CHUNK_TOKENS = BLOCK_SIZE * BLOCKS_PER_CHUNK
 SPEC = TinyModelSpec(
     hidden_size=512,
     intermediate_size=1536,
@@ -71,11 +71,10 @@ class DemoRow:
     cpu_hit_tokens: int
     ssd_hit_tokens: int
     held_tokens: int = 0
-    """Tokens MiniFlex held (CPU or SSD) when vLLM asked, whether loaded or not."""
+    """Tokens MiniFlex held in any tier when vLLM asked, whether loaded or not."""
     declined_tokens: int = 0
-    """Of those, tokens vLLM could have taken but MiniFlex left to recompute: its cost
-    model predicted recomputing them beside the load to be faster than reading them, or no
-    CPU slot was free to read them into."""
+    """Of those, tokens its cost model chose to recompute: it predicted recomputing them
+    (beside the load) to be faster than reading them."""
 
     @property
     def recomputed_tokens(self) -> int:
@@ -103,12 +102,9 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
         tiers = miniflex_hits_by_tier(out)
         cpu += tiers.get("cpu", 0)
         ssd += tiers.get("ssd", 0)
-        loaded = miniflex_hit_tokens(out) or 0
-        own = (out.num_cached_tokens or 0) - loaded
-        gpu += own
-        resident = sum(miniflex_resident_by_tier(out).values())
-        held += resident
-        declined += _declined(len(p), own, resident, loaded)
+        gpu += (out.num_cached_tokens or 0) - (miniflex_hit_tokens(out) or 0)
+        held += sum(miniflex_resident_by_tier(out).values())
+        declined += miniflex_declined_tokens(out)
     return DemoRow(
         scenario,
         engine,
@@ -121,14 +117,6 @@ def _measure(llm: Any, scenario: str, engine: str, prompts: list[list[int]]) -> 
         held,
         declined,
     )
-
-
-def _declined(prompt_tokens: int, gpu_hit: int, held: int, loaded: int) -> int:
-    """Held tokens a request could have loaded but did not: MiniFlex's run starts at the
-    chunk holding vLLM's own hit, and a load stops at the block before the last token."""
-    start = gpu_hit - gpu_hit % CHUNK_TOKENS
-    usable = (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
-    return max(0, min(start + held, usable) - gpu_hit - loaded)
 
 
 def _scenarios(llm: Any, engine: str, prompt_tokens: int, working_set: int) -> list[DemoRow]:
@@ -231,9 +219,9 @@ def _print_table(rows: list[DemoRow]) -> None:
     for r in rows:
         if r.declined_tokens:
             print(
-                f"{r.scenario}: MiniFlex held {r.declined_tokens // r.requests} more tokens per "
-                "request than it loaded (recomputing them beside the load was predicted faster, "
-                "or no CPU slot was free to read them into)"
+                f"{r.scenario}: MiniFlex's cost model recomputed {r.declined_tokens // r.requests}"
+                " tokens per request that it held (recomputing them beside the load was "
+                "predicted faster)"
             )
     by = {(r.scenario, r.engine): r for r in rows}
     for scenario in dict.fromkeys(r.scenario for r in rows):

@@ -14,6 +14,7 @@ from miniflex.errors import MiniFlexError
 __all__ = [
     "evict_gpu_prefix_cache",
     "make_llm",
+    "miniflex_declined_tokens",
     "miniflex_hit_tokens",
     "miniflex_hits_by_tier",
     "miniflex_resident_by_tier",
@@ -101,6 +102,12 @@ def miniflex_resident_by_tier(output: Any) -> dict[str, int]:
     """Tokens MiniFlex held for a finished request at its last lookup, per tier, from the
     start of the chunk holding vLLM's own hit; the last chunk counts up to the prompt's end."""
     return _per_tier(output, "resident_tokens_")
+
+
+def miniflex_declined_tokens(output: Any) -> int:
+    """Tokens of a finished request that MiniFlex held and its cost model chose to recompute."""
+    params = (output.kv_transfer_params or {}).get("miniflex") or {}
+    return int(params.get("declined_tokens", 0))
 
 
 def _per_tier(output: Any, prefix: str) -> dict[str, int]:

@@ -4,7 +4,7 @@ rewritten prompt cuts back, how the load is timed, and chunks that only the SSD 
 from __future__ import annotations
 
 from miniflex.config import MiniFlexConfig
-from miniflex.cost import CostModel
+from miniflex.cost import CostModel, PrefillFit
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import LoadTiming
 from miniflex.scheduler.advisor import HitAdvisor
@@ -98,6 +98,16 @@ def test_a_chunk_only_the_ssd_tier_holds_is_part_of_the_hit_and_loads_async() ->
     hit = lookup.find(ReqState(ReqId("r")), HASHES, 160, 0)
     assert dict(hit.resident_by_tier) == {"ssd": CT, "cpu": 2 * CT}
     assert (hit.tokens, hit.timing) == (3 * CT, LoadTiming.ASYNC)  # no in-step SSD reads here
+    assert hit.declined_tokens == 0
+
+
+def test_what_the_cost_model_chooses_to_recompute_is_declined_not_hit() -> None:
+    lookup = lookup_over(on_ssd_then_cpu())  # hit_policy=cost
+    lookup.cost.prefill = PrefillFit(0.0, 1e-9, 0.0)  # recomputing is all but free
+    lookup.cost.bandwidth[Tier.SSD] = 1e3  # and a read from SSD slow
+    hit = lookup.find(ReqState(ReqId("r")), HASHES, 160, 0)
+    assert hit.decision is not None and hit.decision.resident_chunks == 3
+    assert hit.tokens == 0 and hit.declined_tokens == 3 * CT
 
 
 def test_the_cpu_hit_policy_loads_only_the_leading_cpu_chunks() -> None:
