@@ -1,30 +1,19 @@
 """The cost model behind cost-aware hits: is loading a resident prefix faster than recomputing it?
 
-A request of ``T`` prompt tokens whose first ``h`` tokens vLLM already holds
-has a run of resident chunks after them, chunk ``i`` in tier ``t_i``. Loading
-the first ``L`` of them (asynchronously: the load completes, then vLLM
-computes the rest) predicts::
+A request of ``T`` prompt tokens whose first ``h`` tokens vLLM already holds has a run
+of resident chunks after them, chunk ``i`` in tier ``t_i``. Loading the first ``L`` of
+them (asynchronously: the load completes, then vLLM computes the rest) predicts::
 
-    ttft(L) = sum_{i < L} load(t_i)
-              + prefill(n = T - h - L * chunk_tokens, ctx = h + L * chunk_tokens)
-
+    ttft(L) = sum_{i < L} load(t_i) + prefill(n = T - d, ctx = d)
+    d = min(h + L * chunk_tokens, (T - 1) // block_size * block_size)   (the last token computes)
     load(CPU) = chunk_bytes / bandwidth[CPU]                  (CPU -> vLLM's cache)
-    load(SSD) = chunk_bytes / bandwidth[SSD] + load(CPU)      (read, then the same copy)
-    load(REMOTE) = chunk_bytes / bandwidth[REMOTE] + load(CPU) (fetch, then the same copy)
-
+    load(SSD | REMOTE) = chunk_bytes / bandwidth[tier] + load(CPU)   (read, then the same copy)
     prefill(n, ctx) = step + per_token * n + per_pair * n * (ctx + n / 2)
 
-``per_pair`` is the attention term: a new token attends to every earlier one,
-so recomputing late tokens costs more than early ones. :meth:`CostModel.choose`
-returns the ``L`` of least predicted TTFT, never fewer than the leading chunks
-held in CPU (a fast tier is always taken).
-
-Both halves are calibrated on the running engine:
-
-* bandwidths from every finished load (exponential moving average), per tier;
-* the prefill coefficients by least squares over the engine's recent steps
-  (:meth:`CostModel.observe_step`: scheduled tokens, query-key pairs and the
-  step's wall time), refitted every few steps.
+``per_pair`` is the attention term. :meth:`CostModel.choose` returns the ``L`` of least
+predicted TTFT, never fewer than the leading chunks held in CPU. Bandwidths follow every
+finished load (a moving average, per tier); the prefill coefficients are a least-squares
+fit over the engine's recent steps (:meth:`CostModel.observe_step`), refitted every few.
 
 Until enough steps were seen the model is *uncalibrated*: a hit held wholly in
 CPU is loaded whole, and chunks in a slower tier (SSD, the remote store) are
@@ -61,9 +50,6 @@ the rest overlaps the load: with ``step_tokens`` (vLLM's
 ``max_num_batched_tokens``), the tokens past it compute in later steps::
 
     layerwise(L) = max(load(L), prefill(first)) + load(L) / num_layers + prefill(after)
-
-A request always computes its last prompt token, whatever is loaded, so every
-prediction computes at least that one.
 
 A layerwise load has a bandwidth of its own: it is issued layer by layer
 through the mover's direct path, which can be much slower than a whole-slot
@@ -140,12 +126,15 @@ class CostModel:
         prefill: PrefillFit | None = None,
         num_layers: int = 1,
         step_tokens: int = 0,
+        block_size: int = 1,
     ) -> None:
         """``bandwidth``: starting bytes/s per tier (CPU: the copy into vLLM's cache; SSD:
         the read into the CPU pool). Tiers in ``fixed_bandwidth`` keep theirs; a given
         ``prefill`` is never refitted. ``num_layers``: a layerwise load exposes one layer's copy;
-        ``step_tokens``: the most tokens one engine step computes (0: unknown, no limit)."""
+        ``step_tokens``: the most tokens one engine step computes (0: unknown, no limit);
+        ``block_size``: a hit ends at a whole block before the prompt's last token."""
         self.chunk_bytes = chunk_bytes
+        self.block_size = max(1, block_size)
         self.step_tokens = step_tokens
         self.num_layers = max(1, num_layers)
         self.step_seconds: float | None = None  # moving average of observed step times
@@ -243,7 +232,7 @@ class CostModel:
         for length in range(fast, n + 1):
             if length > fast:
                 load += self.chunk_load_seconds(tiers[length - 1])
-            done = min(gpu_hit + length * ct, prompt_tokens - 1)  # the last token computes
+            done = min(gpu_hit + length * ct, self._hit_cap(prompt_tokens))
             times[length] = load + fit.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
         recompute = fit.seconds(prompt_tokens - gpu_hit, gpu_hit)
@@ -261,6 +250,11 @@ class CostModel:
         if lw + others * (in_step[1] - in_step[0]) <= async_s:
             return Decision(length, n, lw, times[n], recompute, True, True, async_s)
         return Decision(best, n, async_s, times[n], recompute, True, False, async_s)
+
+    def _hit_cap(self, prompt_tokens: int) -> int:
+        """The most tokens a hit covers: whole blocks before the prompt's last token, which
+        the request always computes."""
+        return (prompt_tokens - 1) // self.block_size * self.block_size
 
     def _instep_lengths(self, tiers: Sequence[Tier], fast: int, instep: int) -> list[int]:
         """The lengths of in-step load to weigh: the leading CPU run, or with ``instep``
@@ -281,7 +275,7 @@ class CostModel:
             len(tiers) * self.chunk_bytes / layer_bw,
             ssd * self.chunk_bytes / self.bandwidth[Tier.SSD],
         )
-        done = min(gpu_hit + len(tiers) * self.chunk_tokens, prompt_tokens - 1)
+        done = min(gpu_hit + len(tiers) * self.chunk_tokens, self._hit_cap(prompt_tokens))
         rest = prompt_tokens - done
         first = min(rest, self.step_tokens) if self.step_tokens else rest
         prefill = fit.seconds(first, done)
@@ -379,6 +373,7 @@ def make_cost_model(
     chunk_tokens: int,
     num_layers: int = 1,
     step_tokens: int = 0,
+    block_size: int = 1,
 ) -> CostModel:
     """The model with the overrides of ``config`` (``cpu_load_gbps``, ``ssd_read_gbps``,
     ``remote_read_gbps``, ``prefill_tokens_per_s``) fixed and everything else learned."""
@@ -394,5 +389,12 @@ def make_cost_model(
     tps = config.prefill_tokens_per_s
     prefill = PrefillFit(0.0, 1.0 / tps, 0.0) if tps is not None else None
     return CostModel(
-        chunk_bytes, chunk_tokens, bandwidth, frozenset(fixed), prefill, num_layers, step_tokens
+        chunk_bytes,
+        chunk_tokens,
+        bandwidth,
+        frozenset(fixed),
+        prefill,
+        num_layers,
+        step_tokens,
+        block_size,
     )

@@ -79,7 +79,7 @@ class MiniFlexManager:
         self.ns = ns
         self.graphs = graphs
         self.cost = make_cost_model(
-            config, chunk_bytes, ns.chunk_tokens, ns.num_layers, step_tokens
+            config, chunk_bytes, ns.chunk_tokens, ns.num_layers, step_tokens, ns.block_size
         )
         self.advisor = HitAdvisor(config, self.cost)
         self._step = 0

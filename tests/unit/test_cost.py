@@ -74,6 +74,10 @@ def test_a_hit_of_the_whole_prompt_still_pays_for_computing_its_last_token() -> 
     assert d.load_all_s == pytest.approx(m.load_seconds([SSD] * 4) + last_token)
     lw = m.choose([SSD] * 4, prompt_tokens=prompt, gpu_hit=0, overlap=True, instep=4)
     assert lw.predicted_s >= last_token
+    # a hit ends at a whole block: with 16-token blocks the last block's tokens compute
+    m.block_size = 16
+    d = m.choose([SSD] * 4, prompt_tokens=prompt, gpu_hit=0)
+    assert d.load_all_s == pytest.approx(m.load_seconds([SSD] * 4) + m.prefill.seconds(16, 240))
 
 
 def test_attention_term_makes_a_long_prefix_worth_loading() -> None:
