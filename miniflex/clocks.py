@@ -16,6 +16,7 @@ went, a wait or plain work.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,14 @@ class HookTally:
         t[1] += seconds
         if seconds > t[2]:
             t[2] = seconds
+
+    def log_summary(self) -> None:
+        """Log :meth:`summary` (an engine's halves do as they shut down), if any hook ran."""
+        summary = self.summary()
+        if summary:
+            logging.getLogger("miniflex.connector").info(
+                "MiniFlex hooks (calls/total/longest): %s", summary
+            )
 
     def summary(self, top: int = 8) -> str:
         """The ``top`` hooks by total time: ``name calls/total ms/longest ms``; "" if none."""

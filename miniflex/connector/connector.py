@@ -20,7 +20,6 @@ halves exchange only :class:`MiniFlexMetadata` (a frozen ``TransferPlan``, going
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,8 +51,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
 
 __all__ = ["MiniFlexConnector"]
-
-logger = logging.getLogger("miniflex.connector")
 
 
 class MiniFlexConnector(KVConnectorBase_V1):
@@ -179,13 +176,8 @@ class MiniFlexConnector(KVConnectorBase_V1):
         self.handler.drain()
 
     def shutdown(self) -> None:
-        summary = HOOKS.summary()
-        if summary:
-            logger.info("MiniFlex hooks (calls/total/longest): %s", summary)
-        if self._step is not None:
-            self._step.handler.shutdown()
-        if self._scheduler is not None:
-            self._scheduler.shutdown()
+        HOOKS.log_summary()
+        self._side.shutdown()
 
     # ---------------- scheduler side: connector/scheduler_hooks.py ----------------
     @property
@@ -235,8 +227,7 @@ class MiniFlexConnector(KVConnectorBase_V1):
 
         The SSD store forgets its chunks durably too (a reset usually means new weights),
         in order with the transfers already queued."""
-        logger.info("MiniFlex cache reset: %d chunks dropped", self.scheduler.reset_cache())
-        return True
+        return self.scheduler.reset_cache()
 
     @timed_hook
     def has_pending_block_frees(self) -> bool:

@@ -13,6 +13,7 @@ read-only view of the requests' hashes (:class:`RequestHashes`), not a way back 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ from miniflex.scheduler.requests import load_tokens_by_tier
 from miniflex.types import ReqId
 
 __all__ = ["RequestHashes", "SchedulerHooks"]
+
+logger = logging.getLogger("miniflex.connector")
 
 
 class RequestHashes(Mapping[ReqId, Sequence[bytes]]):
@@ -148,9 +151,10 @@ class SchedulerHooks:
         """vLLM's KV events for the chunks MiniFlex's tiers gained and lost."""
         return self._events.take()
 
-    def reset_cache(self) -> int:
-        """Forget every chunk in every tier; the number dropped."""
-        return self.manager.reset()
+    def reset_cache(self) -> bool:
+        """Forget every chunk in every tier (logged with the number dropped); True."""
+        logger.info("MiniFlex cache reset: %d chunks dropped", self.manager.reset())
+        return True
 
     def has_pending_block_frees(self) -> bool:
         return self.manager.has_pending_frees()

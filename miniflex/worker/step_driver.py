@@ -81,6 +81,9 @@ class StepDriver:
         sending, recving = self.handler.poll()
         return sending or None, recving or None
 
+    def shutdown(self) -> None:
+        self.handler.shutdown()
+
     def load_errors(self) -> tuple[set[int], set[str]]:
         """The blocks of the loads that failed since the last call, and their requests."""
         blocks, reqs = self.handler.take_load_errors()
