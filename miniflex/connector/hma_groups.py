@@ -165,6 +165,14 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
                     f"({need.window} tokens): a window's chunk is stored in the step that "
                     "computes it, while vLLM still holds all its blocks",
                 )
+        tier = "ssd_dirs" if config.ssd_dirs else "remote_url" if config.remote_url else None
+        if tier is not None and _RESULTS is None:
+            raise ConfigError(
+                tier,
+                getattr(config, tier),
+                "a hybrid model's SSD and remote tiers need vLLM 0.30 or newer: before it, a "
+                "load that failed in one KV cache group cannot be reported to vLLM",
+            )
 
     # ---------------- scheduler side ----------------
     def get_num_new_matched_tokens(

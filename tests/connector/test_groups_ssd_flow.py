@@ -29,10 +29,16 @@ def chunk_keys(part: object, request: object) -> list:
     return [chunk_key(part.ns, bytes(h)) for h in hashes[bpc - 1 :: bpc]]  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def engine(tmp_path: Path, direct_dir: Path) -> Engine:
+def needs_failed_recving() -> None:
     if compat.hma_base() is None:
         pytest.skip("this vLLM has no SupportsHMA")
+    if compat.transfer_results_class() is None:
+        pytest.skip("vLLM before 0.30 cannot be told a group's load failed: SSD is refused")
+
+
+@pytest.fixture
+def engine(tmp_path: Path, direct_dir: Path) -> Engine:
+    needs_failed_recving()
     # 12 CPU slots of 4 KiB per group: two prompts do not fit; every chunk goes to SSD
     return Engine(
         tmp_path,
@@ -111,8 +117,7 @@ def test_a_hit_the_main_group_cuts_short_ends_where_the_window_group_holds_a_win
     """The full-attention group leaves its SSD chunks to recompute (``hit_policy=cpu``) and
     loads 5 chunks; the window before token 160 needs chunk 4, which the window group never
     stored (no step ended there), so the hit is the longest shorter one it holds: 128."""
-    if compat.hma_base() is None:
-        pytest.skip("this vLLM has no SupportsHMA")
+    needs_failed_recving()
     engine = Engine(
         tmp_path,
         max_batched=4 * CHUNK,  # steps end at chunks 4, 8 and 10: chunk 4 is in no window

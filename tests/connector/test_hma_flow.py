@@ -141,8 +141,27 @@ def test_sliding_and_full_groups_get_one_miniflex_per_group(
     assert all(p.config.cpu_bytes == 2**19 and p.config.load_mode == "async" for p in conn.parts)
 
 
-def test_each_group_gets_an_ssd_store_of_its_own(tmp_path: Path) -> None:
+def needs_failed_recving() -> None:
     needs_hma()
+    if compat.transfer_results_class() is None:
+        pytest.skip("vLLM before 0.30 cannot be told a group's load failed: SSD is refused")
+
+
+@pytest.mark.parametrize("tier", ["ssd_dirs", "remote_url"])
+def test_before_vllm_0_30_a_hybrid_model_gets_no_ssd_or_remote_tier(
+    tmp_path: Path, tier: str
+) -> None:
+    needs_hma()
+    if compat.transfer_results_class() is not None:
+        pytest.skip("this vLLM reports a failed load by request (failed_recving)")
+    value = str(tmp_path) if tier == "ssd_dirs" else "redis://127.0.0.1:1"
+    vc, kcc = groups_config(tmp_path, {tier: value})
+    with pytest.raises(ConfigError, match=r"need vLLM 0\.30 or newer"):
+        MiniFlexHMAConnector(vc, KVConnectorRole.SCHEDULER, kcc)
+
+
+def test_each_group_gets_an_ssd_store_of_its_own(tmp_path: Path) -> None:
+    needs_failed_recving()
     ssd = tmp_path / "ssd"
     ssd.mkdir()
     vc, kcc = groups_config(tmp_path, {"ssd_dirs": str(ssd), "ssd_bytes": "4MiB"})
@@ -157,7 +176,7 @@ def test_the_groups_ssd_stores_are_checked_together_before_any_is_made(
     tmp_path: Path, mount_fs: MountFS
 ) -> None:
     """Each group's share (8 MiB) fits the 16 MiB disk; both together do not."""
-    needs_hma()
+    needs_failed_recving()
     small = mount_fs(16)
     vc, kcc = groups_config(tmp_path, {"ssd_dirs": str(small), "ssd_bytes": "16MiB"})
     with pytest.raises(ConfigError, match=r"ssd_bytes.*needs"):
