@@ -153,7 +153,7 @@ SPECS: dict[str, Spec] = {
         "each, slots striped over them; TP rank r uses the subdirectory `rank<r>`). Empty: no "
         "SSD tier. Chunks found there after a restart with the same model and layout are served. "
         "`MiniFlexHMAConnector` gives each KV cache group of a hybrid model the subdirectory "
-        "`group<g>` and an even share of `ssd_bytes`.",
+        "`group<g>` and an even share of `ssd_bytes` (vLLM 0.30+; refused before).",
         "",
     ),
     "ssd_bytes": _size(
