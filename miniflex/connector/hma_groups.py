@@ -58,6 +58,7 @@ from miniflex.hybrid import longest_hit
 from miniflex.plan import JobKind
 from miniflex.ranks import TPPlacement
 from miniflex.ssd.preflight import check_ssd_tier
+from miniflex.ssd.store import make_dirs
 
 __all__ = ["MiniFlexGroupsConnector", "serves_groups"]
 
@@ -93,15 +94,10 @@ def _group_settings(config: MiniFlexConfig, g: int, count: int, main: int) -> Mi
 
 
 def _group_dirs(dirs: tuple[str, ...], g: int) -> tuple[str, ...]:
-    """``<dir>/group<g>`` for each SSD directory, created (mode 0700) where ``<dir>``
-    exists; a missing or unwritable ``<dir>`` is left for the SSD tier's own check."""
+    """``<dir>/group<g>`` for each SSD directory (each ``<dir>`` exists: the config checked
+    it), created as the SSD store creates its rank directories."""
     out = tuple(os.path.join(d, f"group{g}") for d in dirs)
-    for d, sub in zip(dirs, out, strict=True):
-        if os.path.isdir(d):
-            try:
-                os.makedirs(sub, mode=0o700, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError("ssd_dirs", d, f"cannot create {sub} ({exc.strerror})") from None
+    make_dirs(out, "ssd_dirs")
     return out
 
 

@@ -78,8 +78,9 @@ def make_dirs(dirs: Sequence[str], key: str) -> list[str]:
     try:
         for d in dirs:
             if not os.path.isdir(d):
-                os.mkdir(d, 0o700)
-                made.append(d)
+                with contextlib.suppress(FileExistsError):  # another process made it just now
+                    os.mkdir(d, 0o700)
+                    made.append(d)
     except OSError as exc:
         for d in reversed(made):
             with contextlib.suppress(OSError):

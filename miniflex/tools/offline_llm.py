@@ -89,7 +89,7 @@ def evict_gpu_prefix_cache(llm: Any, timeout_s: float = 30.0) -> None:
 
 def miniflex_hit_tokens(output: Any) -> int | None:
     """Tokens of a finished request that MiniFlex loaded (None: MiniFlex not configured)."""
-    params = (output.kv_transfer_params or {}).get("miniflex")
+    params = _params(output)
     return None if params is None else int(params["hit_tokens"])
 
 
@@ -106,13 +106,17 @@ def miniflex_resident_by_tier(output: Any) -> dict[str, int]:
 
 def miniflex_declined_tokens(output: Any) -> int:
     """Tokens of a finished request that MiniFlex held and its cost model chose to recompute."""
-    params = (output.kv_transfer_params or {}).get("miniflex") or {}
-    return int(params.get("declined_tokens", 0))
+    return int((_params(output) or {}).get("declined_tokens", 0))
 
 
 def _per_tier(output: Any, prefix: str) -> dict[str, int]:
-    params = (output.kv_transfer_params or {}).get("miniflex") or {}
+    params = _params(output) or {}
     return {k[len(prefix) :]: int(v) for k, v in params.items() if k.startswith(prefix)}
+
+
+def _params(output: Any) -> dict[str, Any] | None:
+    """MiniFlex's part of a finished request's ``kv_transfer_params`` (None: none)."""
+    return (output.kv_transfer_params or {}).get("miniflex")
 
 
 def shutdown_llm(llm: Any) -> None:
