@@ -124,12 +124,13 @@ class TransferJob:
     remote: tuple[RemoteCopy, ...] = ()
     """LOAD: fetches from the remote store, done first (with the promotions); STORE, DEMOTE:
     puts after (see :attr:`puts`)."""
-    streams: tuple[SlotCopy, ...] = ()
-    """LOAD: SSD reads into the worker's staging slots (``cpu``: slot numbers past the CPU
-    tier's, reused in turn), after the promotions; each chunk's GPU copy starts as soon as
-    it has arrived, and its staging slot is read into again only once that copy is done.
+    streams: tuple[SlotCopy | RemoteCopy, ...] = ()
+    """LOAD: SSD reads (:class:`SlotCopy`) and remote fetches (:class:`RemoteCopy`) into the
+    worker's staging slots (``cpu``: slot numbers past the CPU tier's, reused in turn),
+    after the reads into CPU slots; each chunk's GPU copy starts as soon as its window has
+    arrived, and its staging slot is read into again only once that copy is done.
     ``streams[i]`` is the chunk of the ``i``-th :class:`ChunkMove` whose slot is a staging
-    slot, in token order."""
+    slot, in token order (SSD chunks first: a load's remote chunks follow its local run)."""
 
     @property
     def reads(self) -> tuple[SlotCopy | RemoteCopy, ...]:
@@ -146,7 +147,12 @@ class TransferJob:
     @property
     def touches_ssd(self) -> bool:
         """Whether the job reads from SSD (promotions, streams) or writes to it (demotions)."""
-        return bool(self.promotions or self.demotions or self.streams)
+        return bool(self.promotions or self.demotions or self.ssd_streams)
+
+    @property
+    def ssd_streams(self) -> tuple[SlotCopy, ...]:
+        """LOAD: the streams read from SSD (the others are fetched from the remote store)."""
+        return tuple(c for c in self.streams if isinstance(c, SlotCopy))
 
     @property
     def synchronous(self) -> bool:

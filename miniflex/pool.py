@@ -33,11 +33,13 @@ MAX_STREAM_SLOTS = 64
 
 def stream_slots(config: MiniFlexConfig, slot_bytes: int, placement: TPPlacement) -> int:
     """Staging slots each pool has past the CPU tier's (``ssd_stream_bytes``, 2 to 64),
-    through which loads stream the chunks they read from SSD; 0 without an SSD tier, with
-    ``ssd_stream_bytes=0``, or for a pool that several ranks share (an MLA model's), whose
-    reads rank 0 publishes slot by slot. The scheduler numbers them after the CPU tier's
-    slots, so both halves must agree: both call this."""
-    if not config.ssd_dirs or config.ssd_stream_bytes == 0 or placement.replicated:
+    through which loads stream the chunks they read from SSD or fetch from the remote
+    store; 0 without an SSD or remote tier, with ``ssd_stream_bytes=0``, or for a pool that
+    several ranks share (an MLA model's), whose reads rank 0 publishes slot by slot. The
+    scheduler numbers them after the CPU tier's slots, so both halves must agree: both call
+    this."""
+    tiers = config.ssd_dirs or config.remote_url
+    if not tiers or config.ssd_stream_bytes == 0 or placement.replicated:
         return 0
     return min(MAX_STREAM_SLOTS, max(2, -(-config.ssd_stream_bytes // slot_bytes)))
 

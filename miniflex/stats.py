@@ -46,6 +46,7 @@ class TransferStats:
     cost_decisions: int = 0  # loads decided by the calibrated cost model
     ssd_chunks_recomputed: int = 0  # resident on SSD, recomputed because that was faster
     remote_fetched_chunks: int = 0  # read remote store -> CPU for a load
+    remote_streamed_chunks: int = 0  # read remote store -> a staging slot, past the CPU tier
     remote_read_failures: int = 0  # missing, unreachable or corrupt on fetch: recomputed
     backfill_passes: int = 0  # lookups that passed over a request that did not fit (backfill)
     remote_puts: int = 0  # chunks handed to the workers' write-through to the remote store
@@ -84,6 +85,7 @@ class TransferStats:
         "cost_decisions",
         "ssd_chunks_recomputed",
         "remote_fetched_chunks",
+        "remote_streamed_chunks",
         "remote_read_failures",
         "remote_puts",
         "ssd_read_bytes",

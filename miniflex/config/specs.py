@@ -186,13 +186,14 @@ SPECS: dict[str, Spec] = {
     "ssd_stream_bytes": _size(
         "256MiB",
         "Pinned host memory per CPU pool, after the CPU tier's slots, through which a load "
-        "streams the chunks it reads from SSD once it holds as many CPU slots as the tier can "
-        "spare (with write-back, all but `ssd_write_backlog`), or no CPU slot can be freed "
-        "(all pinned): each is read into a staging slot and copied to "
-        "the GPU as soon as it has arrived, while the next ones are read, so a load is never "
-        "capped by the CPU tier's size. Rounded up to whole chunks, 2 at least and 64 at "
-        "most. `0`: no staging; a load that reads from SSD is then capped at what the CPU "
-        "tier can spare. Not used by an MLA model's shared pool.",
+        "streams the chunks it reads from SSD or fetches from the remote store once it holds "
+        "as many CPU slots as the tier can spare (with write-back, all but "
+        "`ssd_write_backlog`), or no CPU slot can be freed (all pinned): each is read into a "
+        "staging slot and copied to the GPU as soon as its window has arrived, while the next "
+        "window is read, so a load is never capped by the CPU tier's size. Rounded up to "
+        "whole chunks, 2 at least and 64 at most; allocated only with `ssd_dirs` or "
+        "`remote_url`. `0`: no staging; a load that reads from SSD or the store is then "
+        "capped at what the CPU tier can spare. Not used by an MLA model's shared pool.",
     ),
     "ssd_eviction": Spec(
         lambda k, v: parse_choice(k, v, _EVICTION),

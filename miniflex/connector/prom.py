@@ -77,11 +77,12 @@ _METRICS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         {"ssd_read_failures": ("read",), "ssd_write_failures": ("write",)},
     ),
     "vllm:miniflex_remote_chunks": (
-        "Chunks of the remote store: fetched for a load, failed a fetch (recomputed), or "
-        "handed to write-through.",
+        "Chunks of the remote store: fetched for a load (into a CPU slot, or streamed "
+        "through a staging slot), failed a fetch (recomputed), or handed to write-through.",
         ("op",),
         {
             "remote_fetched_chunks": ("fetched",),
+            "remote_streamed_chunks": ("streamed",),
             "remote_read_failures": ("fetch_failed",),
             "remote_puts": ("put",),
         },

@@ -112,7 +112,7 @@ class LoadRecord(JobRecord):
         bs, bpc = ns.block_size, ns.blocks_per_chunk
         b0, b1 = load.first_token // bs, (load.first_token + load.num_tokens) // bs
         chunks: list[ChunkMove] = []
-        streams: list[SlotCopy] = []  # one per staging-slot ChunkMove, in the same order
+        streams: list[SlotCopy | RemoteCopy] = []  # one per staging-slot ChunkMove, in order
         unavailable: list[BlockId] = []
         block_tiers: list[Tier] = []
         for b in range(b0, b1):
@@ -128,14 +128,15 @@ class LoadRecord(JobRecord):
             else:
                 chunks.append(ChunkMove(src.cpu, (st.block_ids[b],), b % bpc))
                 if src.streamed:
-                    assert src.ssd is not None
-                    streams.append(SlotCopy(src.key, src.cpu, src.ssd))
+                    streams.append(_stream(src))
         promotions = tuple(
             SlotCopy(s.key, s.cpu, s.ssd)
             for s in load.sources
             if s.ssd is not None and not s.streamed
         )
-        fetches = tuple(RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote)
+        fetches = tuple(
+            RemoteCopy(s.key, s.cpu) for s in load.sources if s.remote and not s.streamed
+        )
         in_step = load.timing is not LoadTiming.ASYNC
         assert not (in_step and (fetches or streams)), "remote and streamed reads load async"
         job = TransferJob(
@@ -215,15 +216,18 @@ class LoadRecord(JobRecord):
         """Count the chunks read from SSD and fetched from the remote store, and the failures."""
         for s in self.sources:
             bad = s.key in self.failed_keys
-            if s.streamed:
+            if s.remote:
+                ctx.stats.remote_read_failures += bad
+                if s.streamed:
+                    ctx.stats.remote_streamed_chunks += not bad
+                else:
+                    ctx.stats.remote_fetched_chunks += not bad
+            elif s.streamed:
                 ctx.stats.ssd_read_failures += bad
                 ctx.stats.streamed_chunks += not bad
             elif s.ssd is not None:
                 ctx.stats.ssd_read_failures += bad
                 ctx.stats.promoted_chunks += not bad
-            elif s.remote:
-                ctx.stats.remote_read_failures += bad
-                ctx.stats.remote_fetched_chunks += not bad
 
     def _restore_stores(self, st: ReqState, blocks_per_chunk: int) -> None:
         """vLLM recomputes a load's blocks from the first failed one on: store them again
@@ -233,6 +237,14 @@ class LoadRecord(JobRecord):
         first = next((i for i, b in enumerate(st.block_ids) if b in bad), None)
         if first is not None:
             st.stored_chunks = min(st.stored_chunks, first // blocks_per_chunk)
+
+
+def _stream(src: ChunkSource) -> SlotCopy | RemoteCopy:
+    """The read of a streamed chunk into its staging slot: from SSD, or from the store."""
+    if src.remote:
+        return RemoteCopy(src.key, src.cpu)
+    assert src.ssd is not None
+    return SlotCopy(src.key, src.cpu, src.ssd)
 
 
 @dataclass

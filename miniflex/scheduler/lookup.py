@@ -94,14 +94,16 @@ class HitLookup:
         if self._wait_for_landing(st, keys, start + len(tiers)):
             return Hit(None, resident_by_tier=st.hit.resident_by_tier)
         if self.remote is not None and self.advisor.worth_asking(Tier.REMOTE, num_tokens):
-            # the chunks after the local run that the store holds
-            ask = keys[start + len(tiers) : start + self.tiers.max_load_chunks]
+            # the chunks after the local run that the store holds (without staging slots,
+            # as many as the CPU tier can take)
+            stop = len(keys) if self.tiers.stream_slots else start + self.tiers.max_load_chunks
+            ask = keys[start + len(tiers) : stop]
             st.remote_answer = self.remote.ask(ask, st.remote_answer)
             tiers = tiers + [Tier.REMOTE] * st.remote_answer.held
             matched = len(tiers)
         resident = tokens_by_tier(tiers, start * ct, num_tokens, ct)
         instep = self._instep(tiers)
-        if Tier.REMOTE in tiers or (Tier.SSD in tiers and not self.tiers.stream_slots):
+        if not self.tiers.stream_slots and (Tier.REMOTE in tiers or Tier.SSD in tiers):
             tiers = tiers[: self.tiers.staged_prefix(tiers)]  # every read lands in a CPU slot
         n, timing, decision = 0, LoadTiming.ASYNC, None
         if matched:

@@ -61,8 +61,8 @@ class ChunkSource:
     ssd: SlotId | None = None
     remote: bool = False
     streamed: bool = False
-    """``cpu`` is a staging slot: the chunk is read from ``ssd`` and copied to the GPU from
-    there, never published in the CPU tier."""
+    """``cpu`` is a staging slot: the chunk is read from ``ssd`` (or fetched, if ``remote``)
+    and copied to the GPU from there, never published in the CPU tier."""
 
     @property
     def tier(self) -> Tier:
@@ -95,8 +95,8 @@ class TierStack:
         nothing known); ``keep_evictions``: list every chunk evicted from CPU in the next
         :class:`DemotionBatch` (the remote tier's write-back); ``write_seconds``:
         a chunk's write until writes are seen (None: unknown); ``stream_slots``: the
-        workers' staging slots for streamed SSD reads (0: none, loads are capped at
-        :attr:`max_load_chunks`)."""
+        workers' staging slots for streamed SSD reads and remote fetches (0: none, loads are
+        capped at :attr:`max_load_chunks`)."""
         assert stream_slots == 0 or stream_slots >= 2, "a ring of one slot cannot overlap"
         self.stream_slots = stream_slots
         self.ssd = SlotTier(Tier.SSD, ssd_slots, ssd_policy) if ssd_slots > 0 else None
@@ -210,7 +210,8 @@ class TierStack:
         ``ok=False`` drops the CPU chunks; ``bad_keys`` failed their read."""
         for src in reversed(sources):
             if src.remote:  # fetched into a fresh CPU slot: published if it loaded
-                self.cpu.complete_store([(src.key, src.cpu)], ok and src.key not in bad_keys)
+                if not src.streamed:
+                    self.cpu.complete_store([(src.key, src.cpu)], ok and src.key not in bad_keys)
                 continue
             if src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok)
@@ -225,7 +226,8 @@ class TierStack:
         """Undo :meth:`acquire` for a load never sent: unpin; promotion slots are freed unread."""
         for src in reversed(sources):
             if src.remote:
-                self.cpu.complete_store([(src.key, src.cpu)], ok=False)
+                if not src.streamed:
+                    self.cpu.complete_store([(src.key, src.cpu)], ok=False)
             elif src.ssd is None:
                 self.cpu.complete_load([src.cpu], ok=True)
             else:

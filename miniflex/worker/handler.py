@@ -29,8 +29,8 @@ each in plan order:
 * asynchronous loads are queued at ``start_load_kv``; they go into blocks of
   requests that wait for them, which no forward touches. A load with
   reads is chained from lane to lane once its slots are written back, like a
-  store: remote fetches, then SSD promotions, then its GPU copies; a load that streams SSD
-  chunks past the CPU tier queues them part by part as they arrive
+  store: remote fetches, then SSD promotions, then its GPU copies; a load that streams chunks
+  past the CPU tier (from SSD or the store) queues them part by part as they arrive
   (``streams.py``). The store serializes a read with the write job in
   progress, not with those queued behind it;
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at

@@ -11,7 +11,8 @@ gpu-load       CPU slots -> GPU       a LOAD's copies, once its reads are done
 gpu-store      GPU -> CPU slots       the STORE jobs of one plan as one copy
 ssd-write      CPU slots -> SSD       DEMOTE (write-back), CLEAR
 ssd-read       SSD -> CPU slots       a LOAD's promotions, then its streamed windows
-remote-fetch   remote -> CPU slots    a LOAD's remote fetches
+remote-fetch   remote -> CPU slots    a LOAD's remote fetches (and its streamed windows,
+                                      if it reads nothing from SSD)
 =============  =====================  ==============================================
 
 Remote puts (CPU slots -> remote) have a handler of their own, the store's

@@ -1,13 +1,18 @@
 """A LOAD's reads, chained over the remote-fetch and ssd-read lanes, then its GPU copies.
 
 A load whose chunks are not all in CPU slots reads them first: remote fetches
-into the slots the scheduler allocated, SSD promotions into others, and SSD
-chunks past the CPU tier through staging slots (``streams.py``). Each medium
-has its own lane (``lanes.py``), and the job goes from one to the next, skipping
-a lane it has nothing for::
+into the slots the scheduler allocated, SSD promotions into others, and chunks
+past the CPU tier through staging slots (``streams.py``). Each medium has its own
+lane (``lanes.py``), and the job goes from one to the next, skipping a lane it has
+nothing for::
 
     remote-fetch ──► ssd-read ──► gpu-load
          └───────────────────────────▲      (no SSD reads)
+
+A load that streams runs its windows on the last read lane it visits: the ssd-read
+lane if it reads anything from SSD (its remote windows too, after its SSD ones), else
+the remote-fetch lane, so that a load from the store alone never waits behind another
+request's disk reads.
 
 Each lane adds what it read to the job's :data:`Promoted` (failed keys, SSD
 seconds, remote seconds). A failed key's blocks become load errors; reads
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from miniflex.plan import RemoteCopy, SlotCopy
+from miniflex.plan import RemoteCopy, SlotCopy, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.worker.job_runner import Promoted, QueuedJob, fail_unreported, failed_result
 from miniflex.worker.lanes import Lane
@@ -47,19 +52,23 @@ class LoadReads:
     def bind(self, promoter: Promoter, ssd: SSDCopier | None, ring: StagingRing) -> None:
         """This rank's readers: its promoter, SSD store and staging slots."""
         self._promoter, self._ssd = promoter, ssd
-        self.streamer = Streamer(ssd, ring, self._to_gpu)
+        self.streamer = Streamer(ssd, ring, self._to_gpu, promoter)
 
     def submit(self, item: QueuedJob) -> None:
         """Read ``item``'s chunks, then queue its copies; its read slots are free."""
-        (self.fetch if item.job.remote else self.ssd_read).submit(item)
+        job = item.job
+        (self.fetch if job.remote or not _reads_ssd(job) else self.ssd_read).submit(item)
 
     def _run_fetch(self, item: QueuedJob) -> None:
         job = item.job
-        if (fetched := self._read(item, (), job.remote)) is None:
-            return
-        item = replace(item, promoted=fetched)
-        if job.promotions or job.streams:
+        if job.remote:
+            if (fetched := self._read(item, (), job.remote)) is None:
+                return
+            item = replace(item, promoted=fetched)
+        if _reads_ssd(job):
             self.ssd_read.submit(item)
+        elif job.streams:  # fetched from the store alone: its windows run on this lane
+            self.streamer.run(item, item.promoted)
         else:
             self._to_gpu(item)
 
@@ -86,3 +95,8 @@ class LoadReads:
             io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
             item.done.set_result(failed_result(job, exc, t0, io))
             return None
+
+
+def _reads_ssd(job: TransferJob) -> bool:
+    """Whether a load reads anything from SSD (promotions or streamed chunks)."""
+    return bool(job.promotions or job.ssd_streams)

@@ -1,5 +1,5 @@
 """What a worker rank opens when it binds to vLLM's KV tensors: the layout, the CPU pool
-(with the staging slots of streamed SSD reads after the CPU tier's), the SSD store, the
+(with the staging slots of streamed reads after the CPU tier's), the SSD store, the
 movers and the reader of a load's promotions.
 
 :func:`open_rank_io` builds them in dependency order (the pool first: the SSD copier,

@@ -1,15 +1,17 @@
-"""Loads that stream from SSD: chunks read into staging slots and copied to the GPU in parts.
+"""Loads that stream: chunks read into staging slots and copied to the GPU in parts.
 
-A load whose SSD chunks do not all fit the CPU tier carries them as
+A load whose SSD or remote chunks do not all fit the CPU tier carries them as
 ``TransferJob.streams``: each names a staging slot, one of the pool's slots past
 the CPU tier's (:func:`miniflex.pool.stream_slots`), which the scheduler hands
-out in turn. On the ssd-read lane, :class:`Streamer` runs such a job in parts:
+out in turn. On the ssd-read lane (the remote-fetch lane, for a load that reads
+nothing from SSD), :class:`Streamer` runs such a job in parts:
 
-1. the chunks in CPU slots (resident ones and promotions, read first) go to the
-   gpu-load lane as one copy;
-2. the streamed chunks are read a window at a time (half the staging slots), and
+1. the chunks in CPU slots (resident ones, promotions and fetches, read first) go
+   to the gpu-load lane as one copy;
+2. the streamed chunks are read a window at a time (half the staging slots), SSD
+   chunks from the disk and remote ones from the store (:class:`Promoter`), and
    each window's copy goes to the gpu-load lane as soon as it has arrived, so the
-   disk reads the next window while the GPU copies this one;
+   next window is read while the GPU copies this one;
 3. a staging slot is read into again only once the copy out of it is done
    (:class:`StagingRing`), whichever job it belonged to.
 
@@ -33,10 +35,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 from miniflex.errors import TransferError
-from miniflex.plan import ChunkMove, JobKind, JobResult, SlotCopy, TransferJob
+from miniflex.plan import ChunkMove, JobKind, JobResult, RemoteCopy, SlotCopy, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 from miniflex.worker.job_runner import Promoted, QueuedJob
+from miniflex.worker.promotions import Promoter
 
 __all__ = ["StagingRing", "StreamedLoad", "Streamer"]
 
@@ -96,11 +99,14 @@ class StreamedLoad:
         with self._lock:
             self._open += 1
 
-    def read(self, failed: set[ChunkKey], seconds: float) -> None:
-        """A window's SSD read: the keys that failed, the seconds it took."""
+    def read(self, window: Promoted) -> None:
+        """A window's reads: the keys that failed, the seconds of its SSD reads and of its
+        remote fetches."""
+        failed, ssd_s, remote_s = window
         with self._lock:
             self._failed_keys |= failed
-            self._ssd_s += seconds
+            self._ssd_s += ssd_s
+            self._remote_s += remote_s
 
     def part(self, res: JobResult) -> None:
         """A part's copy is done (the gpu-load lane), or failed."""
@@ -149,20 +155,25 @@ class Streamer:
         ssd: SSDCopier | None,
         ring: StagingRing,
         to_load_thread: Callable[[QueuedJob], None],
+        promoter: Promoter | None = None,
     ) -> None:
+        """``promoter``: reads a window (SSD reads, remote fetches; None: this rank's SSD
+        store alone)."""
         self._ssd, self._ring, self._put = ssd, ring, to_load_thread
+        self._promoter = promoter or Promoter(ssd, None, True)
 
     @property
     def window(self) -> int:
         """Chunks read at once: half the ring, so one window is read while another copies."""
         return max(1, self._ring.count // 2)
 
-    def run(self, item: QueuedJob, promoted: Promoted) -> None:
+    def run(self, item: QueuedJob, promoted: Promoted | None) -> None:
         """Queue ``item``'s copies part by part; its CPU-slot reads (``promoted``) are done.
         Never raises: a window that cannot be read fails the job, and the chunks not queued
         by then are load errors (vLLM recomputes them)."""
         job = item.job
-        load = StreamedLoad(job, item.done, self._ssd.backend if self._ssd is not None else "")
+        io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
+        load = StreamedLoad(job, item.done, io)
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         try:
             rest = self._streamed(job)
@@ -183,11 +194,10 @@ class Streamer:
         finally:
             load.close()
 
-    def _streamed(self, job: TransferJob) -> list[tuple[SlotCopy, ChunkMove]]:
+    def _streamed(self, job: TransferJob) -> list[tuple[SlotCopy | RemoteCopy, ChunkMove]]:
         """Each stream with its chunk's move into vLLM's blocks; TransferError where this
-        worker cannot run them (no SSD store, staging slots not as the plan numbers them)."""
-        if self._ssd is None:
-            raise TransferError("an SSD job reached a worker without ssd_dirs configured")
+        worker cannot run them (staging slots not as the plan numbers them; a window's read
+        raises it where this rank has no SSD store or remote store to read from)."""
         staged = [m for m in job.chunks if m.slot in self._ring]
         outside = [c.cpu for c in job.streams if c.cpu not in self._ring]
         if len(staged) != len(job.streams) or outside:
@@ -199,15 +209,21 @@ class Streamer:
         return list(zip(job.streams, staged, strict=True))
 
     def _window(
-        self, item: QueuedJob, load: StreamedLoad, part: list[tuple[SlotCopy, ChunkMove]]
+        self,
+        item: QueuedJob,
+        load: StreamedLoad,
+        part: list[tuple[SlotCopy | RemoteCopy, ChunkMove]],
     ) -> None:
         """Read one window into its staging slots, then queue its copy."""
         copies = [c for c, _ in part]
         slots = [c.cpu for c in copies]
         self._ring.claim(slots)
         try:
-            failed, seconds = self._ssd.promote(copies)  # type: ignore[union-attr]
-            load.read(failed, seconds)
+            reads = [c for c in copies if isinstance(c, SlotCopy)]
+            fetches = [c for c in copies if isinstance(c, RemoteCopy)]
+            window = self._promoter.promote(item.job.job_id, reads, fetches)
+            load.read(window)
+            failed = window[0]
         except BaseException:
             self._ring.free(slots)
             raise

@@ -58,7 +58,7 @@ def test_a_streamed_load_resolves_once_after_its_last_part() -> None:
     load.expect()
     load.expect()
     load.part(JobResult(JobId(7), ReqId("r"), JobKind.LOAD, True, 100, 0.5))
-    load.read({ChunkKey(3)}, 0.25)
+    load.read(({ChunkKey(3)}, 0.25, 0.125))
     load.close()  # the reader has queued every part; one is still copying
     assert not done.done()
     load.part(JobResult(JobId(7), ReqId("r"), JobKind.LOAD, True, 50, 0.25, (BlockId(4),)))
@@ -69,4 +69,5 @@ def test_a_streamed_load_resolves_once_after_its_last_part() -> None:
         (4,),
         (3,),
     )
-    assert res.seconds == pytest.approx(1.0) and res.ssd_seconds == pytest.approx(0.25)
+    assert res.seconds == pytest.approx(1.125) and res.ssd_seconds == pytest.approx(0.25)
+    assert res.remote_seconds == pytest.approx(0.125)
