@@ -48,33 +48,37 @@ logger = logging.getLogger(__name__)
 
 class StagingRing:
     """The pool's staging slots ``[first, first + count)``: each is free, or holds a chunk
-    whose GPU copy is not done yet. The ssd-read lane claims, the gpu-load lane frees."""
+    whose GPU copy is not done yet. The read lanes that run streamed windows (ssd-read,
+    remote-fetch) claim, the gpu-load lane frees. Every load numbers its staging slots
+    from the ring's start, so two lanes may want the same slots at once: a window is
+    claimed whole, under one lock, once every slot of it is free."""
 
     def __init__(self, first: int, count: int) -> None:
         self.first, self.count = first, count
-        self._free = [threading.Event() for _ in range(count)]
-        for event in self._free:
-            event.set()
+        self._held: set[int] = set()
+        self._changed = threading.Condition()
 
     def __contains__(self, slot: int) -> bool:
         return self.first <= slot < self.first + self.count
 
     def claim(self, slots: Sequence[SlotId]) -> None:
-        """Wait until each slot's last copy is done, then hold it (the ssd-read lane); slots
-        are checked to be staging slots before any is held."""
+        """Wait until every slot's last copy is done, then hold them all at once (a read
+        lane); slots are checked to be staging slots, and distinct, before any is held."""
         assert all(slot in self for slot in slots), f"not all staging slots: {slots}"
-        for slot in slots:
-            event = self._free[slot - self.first]
-            event.wait()
-            event.clear()
+        assert len(set(slots)) == len(slots), f"a staging slot twice in one window: {slots}"
+        with self._changed:
+            self._changed.wait_for(lambda: self._held.isdisjoint(slots))
+            self._held.update(slots)
 
     def free(self, slots: Sequence[SlotId]) -> None:
-        for slot in slots:
-            self._free[slot - self.first].set()
+        with self._changed:
+            self._held.difference_update(slots)
+            self._changed.notify_all()
 
     def idle(self) -> bool:
         """No staging slot is held (tests, shutdown)."""
-        return all(event.is_set() for event in self._free)
+        with self._changed:
+            return not self._held
 
 
 class StreamedLoad:

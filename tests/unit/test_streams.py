@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -26,6 +28,49 @@ def test_a_claim_naming_a_slot_outside_the_ring_holds_none() -> None:
     ring = StagingRing(first=10, count=4)
     with pytest.raises(AssertionError):
         ring.claim([SlotId(10), SlotId(3)])
+    assert ring.idle()
+
+
+def test_two_lanes_waiting_for_one_slot_never_hold_it_together() -> None:
+    """The ssd-read and remote-fetch lanes both want slot 10 (every load numbers its
+    staging slots from the ring's start) while a copy holds it: freeing it lets exactly
+    one of them in; the other gets it only once that one's copy frees it again."""
+    ring = StagingRing(first=10, count=4)
+    ring.claim([SlotId(10), SlotId(11)])  # a window whose copy is still running
+    holders: list[str] = []
+    lock = threading.Lock()
+    inside = threading.Semaphore(0)
+
+    def lane(name: str, window: list[SlotId]) -> None:
+        ring.claim(window)
+        with lock:
+            holders.append(name)
+        inside.release()
+
+    lanes = [
+        threading.Thread(target=lane, args=("ssd-read", [SlotId(10), SlotId(11)]), daemon=True),
+        threading.Thread(target=lane, args=("remote-fetch", [SlotId(10)]), daemon=True),
+    ]
+    for t in lanes:
+        t.start()
+    time.sleep(0.05)
+    assert holders == []  # both wait for the copy
+    ring.free([SlotId(10), SlotId(11)])
+    assert inside.acquire(timeout=2)
+    time.sleep(0.05)
+    assert len(holders) == 1  # the other still waits: slot 10 is held again
+    first = holders[0]
+    ring.free([SlotId(10), SlotId(11)] if first == "ssd-read" else [SlotId(10)])
+    assert inside.acquire(timeout=2)
+    for t in lanes:
+        t.join(timeout=2)
+    assert sorted(holders) == ["remote-fetch", "ssd-read"] and not ring.idle()
+
+
+def test_a_window_naming_one_slot_twice_holds_none() -> None:
+    ring = StagingRing(first=10, count=4)
+    with pytest.raises(AssertionError):
+        ring.claim([SlotId(10), SlotId(10)])
     assert ring.idle()
 
 
