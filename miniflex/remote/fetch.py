@@ -17,7 +17,7 @@ each on a connection of its own with several requests in flight
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from miniflex.plan import RemoteCopy
@@ -25,7 +25,11 @@ from miniflex.pool import HostPool
 from miniflex.remote.base import RemoteStore
 from miniflex.types import ChunkKey
 
-__all__ = ["RemoteFetcher", "auto_fetch_streams"]
+__all__ = ["Arrived", "RemoteFetcher", "auto_fetch_streams"]
+
+Arrived = Callable[[RemoteCopy, bool], None]
+"""Told of each copy as soon as its fetch ended: whether its slot holds the chunk, verified.
+Called on the fetch threads, in order within a stream; it must not raise."""
 
 
 def auto_fetch_streams(cpus: int | None) -> int:
@@ -53,7 +57,9 @@ class RemoteFetcher:
             else None
         )
 
-    def fetch(self, copies: Sequence[RemoteCopy]) -> tuple[set[ChunkKey], float]:
+    def fetch(
+        self, copies: Sequence[RemoteCopy], arrived: Arrived | None = None
+    ) -> tuple[set[ChunkKey], float]:
         """Fill each copy's CPU slot: (keys that failed, seconds the fetches took).
 
         The copies are dealt to the streams in turn (stream ``s`` fetches copies
@@ -63,14 +69,16 @@ class RemoteFetcher:
         each server's copies are dealt to streams of their own, so that the
         servers send at once. A value must fill the slot exactly: one namespace
         has one chunk size, so a shorter one is not this chunk (the slot's bytes
-        are then unspecified).
+        are then unspecified). ``arrived``, if given, is told of each copy as soon as its
+        fetch ended, so that its copy onward can start while the others arrive.
         """
         t0 = time.perf_counter()
         shares = self._shares(copies)
         if self._threads is None or len(shares) < 2:
-            missed = [k for share in shares for k in self._fetch_share(share)]
+            missed = [k for share in shares for k in self._fetch_share(share, arrived)]
         else:
-            missed = [k for got in self._threads.map(self._fetch_share, shares) for k in got]
+            got = self._threads.map(lambda share: self._fetch_share(share, arrived), shares)
+            missed = [k for keys in got for k in keys]
         return set(missed), time.perf_counter() - t0
 
     def _shares(self, copies: Sequence[RemoteCopy]) -> list[Sequence[RemoteCopy]]:
@@ -86,10 +94,17 @@ class RemoteFetcher:
             for s in range(min(per_group, len(group)))
         ]
 
-    def _fetch_share(self, copies: Sequence[RemoteCopy]) -> list[ChunkKey]:
+    def _fetch_share(
+        self, copies: Sequence[RemoteCopy], arrived: Arrived | None = None
+    ) -> list[ChunkKey]:
         """The keys of ``copies`` whose fetch failed."""
         slots = [memoryview(self.pool.slot(c.cpu)).cast("B") for c in copies]
-        got = self.store.get_many_into([(c.key, s) for c, s in zip(copies, slots, strict=True)])
+
+        def done(i: int, n: int | None) -> None:
+            arrived(copies[i], n == len(slots[i]))  # type: ignore[misc]
+
+        items = [(c.key, s) for c, s in zip(copies, slots, strict=True)]
+        got = self.store.get_many_into(items, done if arrived is not None else None)
         return [c.key for c, n, s in zip(copies, got, slots, strict=True) if n != len(s)]
 
     def close(self) -> None:

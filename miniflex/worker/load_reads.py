@@ -9,15 +9,16 @@ nothing for::
     remote-fetch ──► ssd-read ──► gpu-load
          └───────────────────────────▲      (no SSD reads)
 
-A load that streams runs its windows on the last read lane it visits: the ssd-read
-lane if it reads anything from SSD (its remote windows too, after its SSD ones), else
-the remote-fetch lane, so that a load from the store alone never waits behind another
-request's disk reads.
+A load that reads nothing from SSD runs whole on the remote-fetch lane, so that it
+never waits behind another request's disk reads: its fetches into CPU slots are handed
+to the GPU copy in groups as they arrive (``fetch_handoff.py``), then its streamed
+windows follow. A load that reads from SSD runs its streamed windows on the ssd-read
+lane, its remote ones after its SSD ones.
 
 Each lane adds what it read to the job's :data:`Promoted` (failed keys, SSD
 seconds, remote seconds). A failed key's blocks become load errors; reads
-that raise fail the whole job, and nothing of it is copied (vLLM recomputes
-its blocks). The handler queues a job here once every slot it reads into is
+that raise fail the job, and the blocks not copied by then become load errors
+too (vLLM recomputes them). The handler queues a job here once every slot it reads into is
 free (:class:`~miniflex.worker.slot_guard.SlotGuard`).
 """
 
@@ -61,16 +62,12 @@ class LoadReads:
 
     def _run_fetch(self, item: QueuedJob) -> None:
         job = item.job
-        if job.remote:
-            if (fetched := self._read(item, (), job.remote)) is None:
-                return
-            item = replace(item, promoted=fetched)
-        if _reads_ssd(job):
-            self.ssd_read.submit(item)
-        elif job.streams:  # fetched from the store alone: its windows run on this lane
-            self.streamer.run(item, item.promoted)
-        else:
-            self._to_gpu(item)
+        if not _reads_ssd(job):  # fetched from the store alone: copies start as chunks arrive
+            self.streamer.run(item, None, fetch=True)
+            return
+        if (fetched := self._read(item, (), job.remote)) is None:
+            return
+        self.ssd_read.submit(replace(item, promoted=fetched))
 
     def _run_ssd_read(self, item: QueuedJob) -> None:
         if (read := self._read(item, item.job.promotions, ())) is None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from miniflex.errors import TransferError
 from miniflex.plan import RemoteCopy, SlotCopy
-from miniflex.remote.fetch import RemoteFetcher
+from miniflex.remote.fetch import Arrived, RemoteFetcher
 from miniflex.shared_pool import SharedPool
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import ChunkKey
@@ -43,9 +43,15 @@ class Promoter:
         self._fetcher = fetcher
 
     def promote(
-        self, job_id: int, copies: Sequence[SlotCopy], fetches: Sequence[RemoteCopy] = ()
+        self,
+        job_id: int,
+        copies: Sequence[SlotCopy],
+        fetches: Sequence[RemoteCopy] = (),
+        arrived: Arrived | None = None,
     ) -> Promoted:
-        """Raises TransferError where this rank has no SSD tier (or remote store) to read from."""
+        """Raises TransferError where this rank has no SSD tier (or remote store) to read from.
+        ``arrived``: told of each fetch as soon as it ended (not of SSD reads, nor on a rank
+        that awaits another's reads)."""
         reads = (*copies, *fetches)
         if not self._writes:
             failed, seconds = self._await(job_id, reads)
@@ -62,7 +68,7 @@ class Promoter:
                 bad, ssd_s = self._ssd.promote(copies)  # type: ignore[union-attr]
                 failed |= bad
             if fetches:
-                bad, remote_s = self._fetcher.fetch(fetches)  # type: ignore[union-attr]
+                bad, remote_s = self._fetcher.fetch(fetches, arrived)  # type: ignore[union-attr]
                 failed |= bad
             read_all = True
         finally:  # the other ranks wait for every slot, whatever happened here

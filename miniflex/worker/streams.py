@@ -38,6 +38,7 @@ from miniflex.errors import TransferError
 from miniflex.plan import ChunkMove, JobKind, JobResult, RemoteCopy, SlotCopy, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
+from miniflex.worker.fetch_handoff import Handoff
 from miniflex.worker.job_runner import Promoted, QueuedJob
 from miniflex.worker.promotions import Promoter
 
@@ -171,25 +172,39 @@ class Streamer:
         """Chunks read at once: half the ring, so one window is read while another copies."""
         return max(1, self._ring.count // 2)
 
-    def run(self, item: QueuedJob, promoted: Promoted | None) -> None:
-        """Queue ``item``'s copies part by part; its CPU-slot reads (``promoted``) are done.
+    def run(self, item: QueuedJob, promoted: Promoted | None, fetch: bool = False) -> None:
+        """Queue ``item``'s copies part by part; its CPU-slot reads (``promoted``) are done,
+        or, with ``fetch`` (a load that reads nothing from SSD), its fetches into CPU slots
+        run here, each group handed to the GPU copy as it arrives (:class:`Handoff`).
         Never raises: a window that cannot be read fails the job, and the chunks not queued
         by then are load errors (vLLM recomputes them)."""
         job = item.job
         io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
         load = StreamedLoad(job, item.done, io)
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
+        handoff: Handoff | None = None
         try:
             rest = self._streamed(job)
-            cpu_slots = tuple(m for m in job.chunks if m.slot not in self._ring)
-            head = replace(job, chunks=cpu_slots, streams=())  # resident and promoted chunks
+            fetched = {c.cpu for c in job.remote} if fetch else set()
+            held = tuple(
+                m for m in job.chunks if m.slot not in self._ring and m.slot not in fetched
+            )
+            head = replace(job, chunks=held, streams=())  # resident (and read) chunks
             self._queue(item, head, load, promoted, ())
             unsent = tuple(m for _, m in rest)
+            if fetch:
+                handoff = Handoff(job.chunks, job.remote, lambda *p: self._part(item, load, *p))
+                read = self._promoter.promote(job.job_id, (), job.remote, handoff.arrived)
+                load.read(read)
+                handoff.flush(read[0])
+                handoff = None
             for i in range(0, len(rest), self.window):
                 self._window(item, load, rest[i : i + self.window])
                 unsent = unsent[self.window :]
         except Exception as exc:  # the worker boundary: what was not sent is recomputed
             logger.error("MiniFlex streamed load %d of %s failed: %s", job.job_id, job.req_id, exc)
+            if handoff is not None:  # the fetches raised
+                unsent = handoff.close() + unsent
             lost = [b for m in unsent for b in m.block_ids]
             if unsent is job.chunks:  # nothing was sent: the job's unavailable blocks too
                 lost += job.unavailable
@@ -197,6 +212,17 @@ class Streamer:
             load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, tuple(lost)))
         finally:
             load.close()
+
+    def _part(
+        self,
+        item: QueuedJob,
+        load: StreamedLoad,
+        moves: tuple[ChunkMove, ...],
+        lost: tuple[BlockId, ...],
+    ) -> None:
+        """Queue the copy of chunks that arrived in CPU slots (``lost``: blocks of those
+        that did not, load errors)."""
+        self._queue(item, _copy_of(item.job, moves, lost), load, None, ())
 
     def _streamed(self, job: TransferJob) -> list[tuple[SlotCopy | RemoteCopy, ChunkMove]]:
         """Each stream with its chunk's move into vLLM's blocks; TransferError where this
@@ -233,8 +259,7 @@ class Streamer:
             raise
         good = tuple(m for c, m in part if c.key not in failed)
         lost = tuple(b for c, m in part if c.key in failed for b in m.block_ids)
-        sub = replace(item.job, chunks=good, unavailable=lost, promotions=(), remote=(), streams=())
-        self._queue(item, sub, load, None, slots)
+        self._queue(item, _copy_of(item.job, good, lost), load, None, slots)
 
     def _queue(
         self,
@@ -254,3 +279,11 @@ class Streamer:
         part.add_done_callback(done)
         load.expect()
         self._put(QueuedJob(sub, item.fence, part, promoted=promoted))
+
+
+def _copy_of(
+    job: TransferJob, moves: tuple[ChunkMove, ...], lost: tuple[BlockId, ...]
+) -> TransferJob:
+    """The part of ``job`` that copies ``moves`` (their reads done), with ``lost`` (blocks
+    whose read failed) as its load errors."""
+    return replace(job, chunks=moves, unavailable=lost, promotions=(), remote=(), streams=())

@@ -46,9 +46,9 @@ def gated_fetches(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     gate = threading.Event()
     real = RemoteFetcher.fetch
 
-    def stalled(self: RemoteFetcher, copies: tuple[RemoteCopy, ...]) -> object:
+    def stalled(self: RemoteFetcher, copies: tuple[RemoteCopy, ...], *rest: object) -> object:
         assert gate.wait(10), "the test never opened the gate"
-        return real(self, copies)
+        return real(self, copies, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(RemoteFetcher, "fetch", stalled)
     return gate
@@ -130,3 +130,52 @@ def test_a_load_with_fetches_and_ssd_reads_is_copied_once_both_are_read(
     (res,) = [r for r in h.take_results() if r.job_id == JobId(2)]
     assert res.ok and not res.failed_block_ids and copies == [2]
     assert res.ssd_seconds > 0 and res.remote_seconds > 0
+
+
+def test_a_load_from_the_store_alone_copies_chunks_while_later_ones_still_arrive(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four chunks fetched from the store into CPU slots, the store stalled after the
+    second: the first two are already copied to vLLM's blocks (one copy each: a group of
+    one for a load this short) while the rest wait; once they arrive the load reports all
+    four, bit for bit in the slots."""
+    h = handler
+    assert h._pool is not None and h._remote is not None
+    keys = [ChunkKey(40 + i) for i in range(4)]
+    data = [payload(h._pool.slot_bytes, seed=int(k)) for k in keys]
+    for k, d in zip(keys, data, strict=True):
+        assert h._remote.store.put(k, d)
+    gate = threading.Event()
+    real_get = type(h._remote.store).get_many_into
+
+    def stalls_after_two(store: object, items: object, done: object = None) -> object:
+        def told(i: int, n: int | None) -> None:
+            if i == 2:
+                assert gate.wait(10), "the test never opened the gate"
+            done(i, n)  # type: ignore[operator]
+
+        return real_get(store, items, told if done is not None else None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(h._remote.store), "get_many_into", stalls_after_two)
+    copied: list[tuple[int, ...]] = []
+    real_load = h._mover.load  # type: ignore[union-attr]
+
+    def spy(chunks: tuple[ChunkMove, ...], after: object = None) -> int:
+        copied.append(tuple(c.slot for c in chunks))
+        return real_load(chunks, after=after)
+
+    monkeypatch.setattr(h._mover, "load", spy)
+    moves = tuple(ChunkMove(SlotId(i), (BlockId(i),)) for i in range(4))
+    fetches = tuple(RemoteCopy(k, SlotId(i)) for i, k in enumerate(keys))
+    try:
+        run_plan(h, 3, TransferJob(JobId(5), ReqId("r"), JobKind.LOAD, moves, remote=fetches))
+        wait_until(lambda: sorted(s for c in copied for s in c) == [0, 1], "the first copies")
+        assert h.in_flight(ReqId("r")) == 1
+    finally:
+        gate.set()
+    h.drain()
+    h.poll()
+    (res,) = [r for r in h.take_results() if r.job_id == JobId(5)]
+    assert res.ok and not res.failed_block_ids and res.remote_seconds > 0
+    assert sorted(s for c in copied for s in c) == [0, 1, 2, 3]
+    assert [h._pool.slot(SlotId(i)).tobytes() for i in range(4)] == data
