@@ -60,6 +60,17 @@ class ReqAccount:
         for tier, n in served.items():
             self.hit_by_tier[tier] = self.hit_by_tier.get(tier, 0) + n
 
+    def loaded_below_cpu(self, blocks_per_chunk: int) -> set[int]:
+        """The chunks this request loaded from SSD or the remote store (any block of them):
+        held there, so storing them again would only evict the CPU tier's copy of their
+        prefix (a load streams a prompt longer than the CPU tier)."""
+        return {
+            (first + i) // blocks_per_chunk
+            for first, tiers in self.loaded_spans
+            for i, tier in enumerate(tiers)
+            if tier is not Tier.CPU
+        }
+
     def check(self) -> None:
         assert self.hit_tokens == sum(self.hit_by_tier.values()), (
             f"hit {self.hit_tokens} tokens, by tier {self.hit_by_tier}"

@@ -96,21 +96,23 @@ class StorePlanner:
             st.store_waits_since = None
             return None
         ns, cpu, first = self._ns, self._tiers.cpu, st.stored_chunks
+        held = st.account.loaded_below_cpu(ns.blocks_per_chunk)  # SSD and the store keep them
+        todo = [i for i in range(first, full) if i not in held]
         # chunks of generated tokens go in coldest: they never push a prompt out
-        cold_from = max(0, st.prompt_chunks(ns.chunk_tokens) - first)
-        placed = self._tiers.prepare_store(keys[first:full], cold_from)
+        prompt = st.prompt_chunks(ns.chunk_tokens)
+        placed = self._tiers.prepare_store([keys[i] for i in todo], sum(i < prompt for i in todo))
         # chunks neither placed nor already in CPU found no slot (every one pinned)
         done = {k for k, _ in placed}
         missed = [
             i
-            for i, k in enumerate(keys[first:full])
-            if k not in done and k not in cpu and not cpu.is_storing(k)
+            for i in todo
+            if keys[i] not in done and keys[i] not in cpu and not cpu.is_storing(keys[i])
         ]
         st.stored_chunks = full
         if not missed:
             st.store_waits_since = None
         elif self._may_wait(st, progress=bool(placed)):
-            st.stored_chunks = first + missed[0]  # prepare_store stops at the first miss
+            st.stored_chunks = missed[0]  # prepare_store stops at the first miss
         else:
             stats.stores_skipped += len(missed)
             st.store_waits_since = None

@@ -225,6 +225,14 @@ def test_an_ssd_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots(
     assert manager.cpu.usage().pinned_or_moving == 0
     assert manager.ssd is not None and manager.ssd.usage().pinned_or_moving == 0
     assert h.worker.handler._reads.streamer._ring.idle()
+    # the streamed chunks are not stored back into the CPU tier (they would push out the
+    # promoted head): the next load finds the head there and streams the rest again
+    stored = t.get("stored_tokens", 0)
+    assert serve_again(h, "third", tokens(0, long * CHUNK + 10)) == long * CHUNK
+    t2 = totals(h)
+    assert t2.get("stored_tokens", 0) == stored
+    assert t2.get("hit_tokens_cpu", 0) == 3 * CHUNK
+    assert t2["streamed_chunks"] - t["streamed_chunks"] == long - 3
     h.worker.shutdown()
 
 

@@ -46,15 +46,15 @@ def engine(model: Path, url: str, cpu_slots: int, **extra: object) -> Harness:
     )
 
 
-def computed(model: Path, url: str) -> tuple[list[int], list[bytes]]:
-    """Engine A (a CPU tier that holds the prompt) computes it and puts every chunk;
-    returns the prompt and its block hashes."""
+def computed(model: Path, url: str, puts: int = LONG) -> tuple[list[int], list[bytes]]:
+    """Engine A (a CPU tier that holds the prompt) computes it and puts the ``puts`` chunks
+    the store lacks; returns the prompt and its block hashes."""
     prompt = prompt_tokens(1, PROMPT)
     a = engine(model, url, 2 * LONG)
     a.cached_in_miniflex_only("a", prompt)
     hashes = [bytes(h) for h in a.requests["a"].block_hashes]
     a.shutdown()
-    assert summed_totals(a.kv_stats)["remote_puts"] == LONG
+    assert summed_totals(a.kv_stats)["remote_puts"] == puts
     return prompt, hashes
 
 
@@ -70,7 +70,8 @@ def test_a_remote_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots
     tmp_path: Path, server: LocalServer, staging_slots: int
 ) -> None:
     """Every byte of the 9 chunks is the model's own; 4 land in CPU slots (published there,
-    so the next request is a CPU hit for them) and 5 stream, never entering the CPU tier."""
+    so the next request is a CPU hit for them) and 5 stream, never entering the CPU tier,
+    nor stored into it after the load."""
     prompt, _ = computed(tmp_path / "model", server.url)
     b = engine(
         tmp_path / "model", server.url, CPU_SLOTS, ssd_stream_bytes=str(staging_slots * SLOT)
@@ -82,6 +83,13 @@ def test_a_remote_hit_longer_than_the_cpu_tier_streams_through_the_staging_slots
     assert t["remote_fetch_bytes"] == LONG * SLOT
     assert t.get("remote_read_failures", 0) == 0 and t.get("streamed_chunks", 0) == 0
     assert nothing_held(b)
+    assert b.sched.reset_prefix_cache()
+    assert b.serve("again", prompt) == LONG * CHUNK
+    again = summed_totals(b.kv_stats)
+    assert again["hit_tokens_cpu"] == CPU_SLOTS * CHUNK  # the chunks fetched into CPU slots
+    assert again["hit_tokens_remote"] - t["hit_tokens_remote"] == (LONG - CPU_SLOTS) * CHUNK
+    # what came from the store is not stored (nor put) again: it would push the head out
+    assert again.get("stored_tokens", 0) == 0 and again.get("remote_puts", 0) == 0
     b.shutdown()
 
 
@@ -153,13 +161,12 @@ def test_a_load_from_the_store_alone_streams_on_the_fetch_lane(
 
 
 def test_a_load_from_ssd_then_the_store_streams_both(tmp_path: Path, server: LocalServer) -> None:
-    """Engine B holds the first 6 chunks of A's prompt on SSD (B fetched them from the
-    store, then its 5-slot CPU tier, 2 of them kept for write-back, pushed them there) and
-    fetches the last 3: the load promotes 3 SSD chunks, streams the other 3, then streams
-    the 3 remote ones after them through the same staging slots, all on the ssd-read
-    lane; every byte is the model's own."""
-    prompt, _ = computed(tmp_path / "model", server.url)
-    head = prompt[: 6 * CHUNK + 10]
+    """Engine B computes the first 6 chunks of a prompt, which its 5-slot CPU tier (2 of
+    them kept for write-back) pushes onto SSD; engine A then computes the whole prompt
+    (loading those 6 from the store) and puts the last 3. B's load of the prompt promotes
+    3 SSD chunks, streams the other 3, then streams the 3 remote ones after them through
+    the same staging slots, all on the ssd-read lane; every byte is the model's own."""
+    head = prompt_tokens(1, PROMPT)[: 6 * CHUNK + 10]
     (tmp_path / "ssd").mkdir()
     b = make_harness(
         tmp_path / "model",
@@ -177,8 +184,13 @@ def test_a_load_from_ssd_then_the_store_streams_both(tmp_path: Path, server: Loc
     b.cached_in_miniflex_only("head", head)
     for seed in (2, 3):  # push the head out of the CPU tier, onto SSD
         b.cached_in_miniflex_only(f"w{seed}", prompt_tokens(seed, 6 * CHUNK + 10))
+    handler = b.worker.handler
+    handler.drain()  # the put copies are made; then the puts themselves go out
+    assert handler._remote is not None and handler._remote.uploader is not None
+    assert handler._remote.uploader.flush(10.0)
+    prompt, _ = computed(tmp_path / "model", server.url, puts=LONG - 6)
     assert b.sched.reset_prefix_cache()
-    before = summed_totals(b.kv_stats)  # the head came from the store too
+    before = summed_totals(b.kv_stats)
     assert b.serve("b", prompt, steps=5) == LONG * CHUNK
     after = summed_totals(b.kv_stats)
     t = {k: after.get(k, 0) - before.get(k, 0) for k in after}
