@@ -50,6 +50,12 @@ class RemotePuts:
         stats.remote_put_bytes += len(out) * self.chunk_bytes
         return out
 
+    @property
+    def takes_chunks(self) -> bool:
+        """Whether every chunk stored is put too (``through``): then a chunk that finds no
+        CPU slot is worth waiting for one, as the puts' copies free the slots."""
+        return self.mode == "through"
+
     def through(self, chunks: int, stats: TransferStats) -> bool:
         """Whether a STORE of ``chunks`` chunks puts them too (counted in ``stats`` if so)."""
         if self.mode != "through":

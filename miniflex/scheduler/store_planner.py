@@ -83,10 +83,10 @@ class StorePlanner:
         """Place ``keys[st.stored_chunks:full]`` in CPU slots and plan their store.
 
         Chunks that find no unpinned slot, or meet the in-flight cap, wait (``st.stored_chunks``
-        stops at the first of them, and the next step tries again) while the SSD tier takes
-        chunks, so that every chunk of a prompt larger than the CPU tier reaches it, until
-        :data:`STORE_WAIT_S` has passed without one placed; otherwise, or past that, they are
-        counted in ``stats`` and dropped for good.
+        stops at the first of them, and the next step tries again) while the SSD tier or the
+        remote store's write-through takes chunks, so that every chunk of a prompt larger
+        than the CPU tier reaches it, until :data:`STORE_WAIT_S` has passed without one
+        placed; otherwise, or past that, they are counted in ``stats`` and dropped for good.
         """
         if self._jobs.storing_chunks() >= self._config.max_inflight_chunks:
             if self._may_wait(st, progress=False):
@@ -128,7 +128,7 @@ class StorePlanner:
     def _may_wait(self, st: ReqState, progress: bool) -> bool:
         """Whether chunks that found no CPU slot wait for one (see :meth:`_plan`);
         ``progress``: some were placed just now (the wait starts again)."""
-        if not self._tiers.ssd_takes_chunks:
+        if not (self._tiers.ssd_takes_chunks or self._puts.takes_chunks):
             st.store_waits_since = None
             return False
         now = time.monotonic()

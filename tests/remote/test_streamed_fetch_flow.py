@@ -200,3 +200,31 @@ def test_a_load_from_ssd_then_the_store_streams_both(tmp_path: Path, server: Loc
     assert t["remote_read_failures"] == 0 and t["ssd_read_failures"] == 0
     assert nothing_held(b)
     b.shutdown()
+
+
+def test_write_through_of_a_step_larger_than_the_cpu_tier_puts_every_chunk(
+    tmp_path: Path, server: LocalServer
+) -> None:
+    """Engine A, with a CPU tier of 4 chunks and no SSD, computes the 9-chunk prompt in one
+    step: the chunks that find every slot pinned (by the stores and put copies before them)
+    wait for one instead of being dropped, so all 9 reach the store and another engine
+    loads the whole prompt from it."""
+    import redis
+
+    prompt = prompt_tokens(1, PROMPT)
+    a = make_harness(
+        tmp_path / "model",
+        num_blocks=96,
+        cpu_bytes=str(CPU_SLOTS * SLOT),
+        max_batched=(LONG + 1) * CHUNK,  # the whole prompt in one step
+        extra={"remote_url": server.url, "hit_policy": "load"},
+    )
+    a.add("a", prompt, max_tokens=2)
+    a.run()
+    a.shutdown()
+    t = summed_totals(a.kv_stats)
+    assert t.get("stores_skipped", 0) == 0 and t["remote_puts"] == LONG
+    assert len(redis.Redis.from_url(server.url).keys("miniflex:*")) == LONG
+    b = engine(tmp_path / "model", server.url, CPU_SLOTS, ssd_stream_bytes=str(2 * SLOT))
+    assert b.serve("b", prompt) == LONG * CHUNK
+    b.shutdown()
