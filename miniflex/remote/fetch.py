@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
@@ -70,15 +70,18 @@ class RemoteFetcher:
         servers send at once. A value must fill the slot exactly: one namespace
         has one chunk size, so a shorter one is not this chunk (the slot's bytes
         are then unspecified). ``arrived``, if given, is told of each copy as soon as its
-        fetch ended, so that its copy onward can start while the others arrive.
+        fetch ended, so that its copy onward can start while the others arrive. If a stream
+        raises, the others are waited for before the error propagates: no fetch thread
+        writes a slot (or tells of one) after this returns.
         """
         t0 = time.perf_counter()
         shares = self._shares(copies)
         if self._threads is None or len(shares) < 2:
             missed = [k for share in shares for k in self._fetch_share(share, arrived)]
         else:
-            got = self._threads.map(lambda share: self._fetch_share(share, arrived), shares)
-            missed = [k for keys in got for k in keys]
+            runs = [self._threads.submit(self._fetch_share, share, arrived) for share in shares]
+            wait(runs)
+            missed = [k for run in runs for k in run.result()]  # the first error, if any
         return set(missed), time.perf_counter() - t0
 
     def _shares(self, copies: Sequence[RemoteCopy]) -> list[Sequence[RemoteCopy]]:

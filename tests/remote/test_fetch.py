@@ -50,3 +50,44 @@ def test_the_probe_fetches_as_many_at_once_as_a_load_and_cleans_up(server: Local
     assert all(pool.slot(SlotId(i)).tobytes() == first for i in range(3))  # the probe's bytes
     assert s.exists([PROBE_KEY]) == [False]
     s.close()
+
+
+def test_a_stream_that_raises_is_reported_only_once_the_others_have_ended(
+    server: LocalServer,
+) -> None:
+    """Of two streams, the one that raises ends first; the error reaches the caller only
+    after the other stream has written its slots and told of each, so that nothing writes
+    a slot after the load is reported failed."""
+    import threading
+    import time
+
+    s = store(server.url)
+    pool = HostPool(4, SLOT)
+    for i in range(4):
+        assert s.put(key(i), payload(SLOT, seed=i))
+    real = type(s).get_many_into
+    told: list[int] = []
+    lock = threading.Lock()
+
+    def one_share_raises(self, items, done=None):  # type: ignore[no-untyped-def]
+        if items[0][0] == key(0):
+            raise RuntimeError("a bug in one stream")
+        time.sleep(0.2)  # the other stream is still fetching when the first raises
+        return real(self, items, done)
+
+    def arrived(copy: RemoteCopy, ok: bool) -> None:
+        with lock:
+            told.append(int(copy.cpu))
+
+    type(s).get_many_into = one_share_raises  # type: ignore[method-assign]
+    try:
+        fetcher = RemoteFetcher(s, pool, streams=2)
+        copies = [RemoteCopy(key(i), SlotId(i)) for i in range(4)]
+        with pytest.raises(RuntimeError, match="a bug in one stream"):
+            fetcher.fetch(copies, arrived)
+        with lock:
+            assert sorted(told) == [1, 3]  # the other stream's slots, all told before
+        fetcher.close()
+    finally:
+        type(s).get_many_into = real  # type: ignore[method-assign]
+    s.close()
