@@ -256,7 +256,9 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
 
     ``fetch_gbps``: the bytes of the remote hit over the time it took beyond the same
     prompt's CPU-tier hit (what the fetch adds to a load; None without a remote hit or
-    ``kv_bytes``, the KV bytes per token)."""
+    ``kv_bytes``, the KV bytes per token, or where the second request was not all a CPU
+    hit: a CPU tier smaller than the prompt). ``hit_gbps``: the remote hit's bytes over
+    the whole TTFT of the request it served (a floor of the fetch's speed)."""
     out = []
     for policy, n in sorted({(r.get("hit_policy", "cost"), r["prompt_tokens"]) for r in rows}):
         mine = [
@@ -265,7 +267,13 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
         med = {k: statistics.median(r[f"{k}_ms"] for r in mine) for k in STEPS}
         remote_tokens = min(r["remote_tiers"].get("remote", 0) for r in mine)
         extra_s = (med["remote"] - med["cpu"]) / 1e3
-        fetch = remote_tokens * kv_bytes / extra_s / 1e9 if remote_tokens and extra_s > 0 else None
+        cpu_hit = all(set(r.get("cpu_tiers", {})) <= {"cpu"} for r in mine)
+        fetch = (
+            remote_tokens * kv_bytes / extra_s / 1e9
+            if remote_tokens and extra_s > 0 and cpu_hit
+            else None
+        )
+        hit = remote_tokens * kv_bytes / (med["remote"] / 1e3) / 1e9 if remote_tokens else None
         out.append(
             {"hit_policy": policy, "prompt_tokens": n, "runs": len(mine)}
             | {f"{k}_ms": round(v, 1) for k, v in med.items()}
@@ -274,6 +282,7 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
                 "recompute_over_remote": round(med["recompute"] / med["remote"], 2),
                 "remote_over_cpu": round(med["remote"] / med["cpu"], 2),
                 "fetch_gbps": None if fetch is None else round(fetch, 2),
+                "hit_gbps": round(hit, 2) if hit else None,
             }
         )
     return out
@@ -282,15 +291,15 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| B's hit_policy | prompt | recompute ms | remote ms | cpu ms | recompute/remote "
-        "| remote/cpu | remote hit | fetch GB/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| remote/cpu | remote hit | fetch GB/s | hit GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
             f"| {s['hit_policy']} | {s['prompt_tokens']} | {s['recompute_ms']} | "
             f"{s['remote_ms']} | {s['cpu_ms']} | "
             f"{s['recompute_over_remote']}x | {s['remote_over_cpu']}x | "
-            f"{s['remote_hit_tokens_min']} | {s.get('fetch_gbps')} |"
+            f"{s['remote_hit_tokens_min']} | {s.get('fetch_gbps')} | {s.get('hit_gbps')} |"
         )
     return "\n".join(lines)
 
