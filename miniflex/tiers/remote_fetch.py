@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from miniflex.tiers.stack import ChunkSource, TierStack
-from miniflex.types import ChunkKey, SlotId
+from miniflex.types import ChunkKey
 
 __all__ = ["acquire_fetches", "acquire_for_load"]
 
@@ -68,15 +68,9 @@ def acquire_fetches(
             continue
         if cpu.is_storing(key):
             break
-        spare = held < stack.max_load_chunks or not stack.stream_slots
-        placed = cpu.prepare_store([key]) if spare else []
-        if placed:
-            held += 1
-            out.append(ChunkSource(key, placed[0][1], remote=True))
-        elif stack.stream_slots:
-            staging = SlotId(cpu.num_slots + streamed % stack.stream_slots)
-            streamed += 1
-            out.append(ChunkSource(key, staging, remote=True, streamed=True))
-        else:
+        if (landing := stack.read_slot(key, held, streamed)) is None:
             break
+        slot, staged = landing
+        held, streamed = held + (not staged), streamed + staged
+        out.append(ChunkSource(key, slot, remote=True, streamed=staged))
     return out

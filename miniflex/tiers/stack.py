@@ -182,15 +182,10 @@ class TierStack:
             if tier is Tier.CPU:
                 out.append(ChunkSource(key, slot))
                 continue
-            spare = held < self.max_load_chunks or not self.stream_slots
-            placed = self.cpu.prepare_store([key]) if spare else []
-            if placed:
-                held += 1
-                out.append(ChunkSource(key, placed[0][1], slot))
-            elif self.stream_slots and stream:
-                staging = SlotId(self.cpu.num_slots + streamed % self.stream_slots)
-                streamed += 1
-                out.append(ChunkSource(key, staging, slot, streamed=True))
+            if (landing := self.read_slot(key, held, streamed, stream)) is not None:
+                into, staged = landing
+                held, streamed = held + (not staged), streamed + staged
+                out.append(ChunkSource(key, into, slot, streamed=staged))
             else:
                 self.ssd.complete_load([slot], ok=True)  # type: ignore[union-attr]
                 for t in where[i + 1 :]:  # unpin the rest
@@ -198,6 +193,22 @@ class TierStack:
                 break
         self.writeback.write_ahead()
         return out
+
+    def read_slot(
+        self, key: ChunkKey, held: int, streamed: int, stream: bool = True
+    ) -> tuple[SlotId, bool] | None:
+        """Where a load's read of ``key`` (from SSD or the remote store) lands, as ``(slot,
+        staged)``: a fresh CPU slot, pinned and invisible, while the load holds fewer than
+        :attr:`max_load_chunks` CPU slots (``held``) and one can be freed; else the staging
+        slot after the load's ``streamed`` ones, handed out in turn (with staging slots, and
+        ``stream``). None: neither, and the load ends before ``key``."""
+        if held < self.max_load_chunks or not self.stream_slots:
+            placed = self.cpu.prepare_store([key])
+            if placed:
+                return placed[0][1], False
+        if self.stream_slots and stream:
+            return SlotId(self.cpu.num_slots + streamed % self.stream_slots), True
+        return None
 
     def _tier(self, tier: Tier) -> SlotTier:
         if tier is Tier.CPU:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from miniflex.plan import RemoteCopy, SlotCopy, TransferJob
+from miniflex.plan import RemoteCopy, SlotCopy
 from miniflex.ssd.copier import SSDCopier
 from miniflex.worker.job_runner import Promoted, QueuedJob, fail_unreported, failed_result
 from miniflex.worker.lanes import Lane
@@ -58,11 +58,11 @@ class LoadReads:
     def submit(self, item: QueuedJob) -> None:
         """Read ``item``'s chunks, then queue its copies; its read slots are free."""
         job = item.job
-        (self.fetch if job.remote or not _reads_ssd(job) else self.ssd_read).submit(item)
+        (self.fetch if job.remote or not job.touches_ssd else self.ssd_read).submit(item)
 
     def _run_fetch(self, item: QueuedJob) -> None:
         job = item.job
-        if not _reads_ssd(job):  # fetched from the store alone: copies start as chunks arrive
+        if not job.touches_ssd:  # fetched from the store alone: copies start as chunks arrive
             self.streamer.run(item, None, fetch=True)
             return
         if (fetched := self._read(item, (), job.remote)) is None:
@@ -92,8 +92,3 @@ class LoadReads:
             io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
             item.done.set_result(failed_result(job, exc, t0, io))
             return None
-
-
-def _reads_ssd(job: TransferJob) -> bool:
-    """Whether a load reads anything from SSD (promotions or streamed chunks)."""
-    return bool(job.promotions or job.ssd_streams)
