@@ -4,7 +4,7 @@
         [--repeat 3] [--gpu-blocks N] [--block-size 32] [--cpu-bytes 1GiB] [--url URL]
         [--server-memory SIZE] [--server-io-threads 1]
         [--server redis-server|valkey-server|mooncake] [--server-cluster N]
-        [--b-hit-policies cost,load] [--eager] [--json PATH]
+        [--b-hit-policies cost,load] [--gpu-memory-utilization 0.9] [--eager] [--json PATH]
 
 Engine A (MiniFlex with ``remote_url``) computes one fresh prompt per length
 and repeat; write-through puts its chunks in the store, and A shuts down
@@ -101,6 +101,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the private store: a cluster of this many primaries (0: one server)",
     )
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="vLLM's share of GPU memory (a model that leaves little beside it needs more)",
+    )
     p.add_argument("--eager", action="store_true", help="no torch.compile or CUDA graphs")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
@@ -154,6 +160,7 @@ def _settings(args: argparse.Namespace, model: str, kv_bytes: int) -> EngineSett
         load_format=args.load_format,
         max_num_batched_tokens=args.max_num_batched_tokens,
         eager=args.eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
 
 

@@ -8,7 +8,7 @@
 #
 #   bash bench/run_h200.sh PART OUT_DIR
 #   PART: ttft | decode | burst | overflow | mixed | overhead | multiturn | ssd | regime | remote
-#         | all (every part but regime)
+#         | mla | all (every part but regime and mla)
 #
 # Engines run as users run them: torch.compile and CUDA graphs (vLLM's default,
 # FULL_AND_PIECEWISE); EXTRA_ARGS=--eager runs them eagerly instead. Each PART is one
@@ -46,6 +46,10 @@
 # preallocates --ssd-bytes (24 GiB, 36 GiB); vLLM's fs tier never evicts and writes 34 GiB
 # (32b) and 54 GiB (8b-128k), the latter more than a 64 GiB disk has free: there run
 # native-fs at 8b-128k with EXTRA_ARGS="--ttft-prompts 131072" (about 32 GiB).
+# mla times 8k and 30k hits of an MLA model (bench/models/deepseek-v2-lite-shape: DeepSeek-V2-
+# Lite's attention, 27 layers of one 576-value latent vector a token, 30 KiB of KV a token, and a
+# dense MLP in every layer) for MLA_CONFIGS (default APC alone, MiniFlex's CPU tier and vLLM's
+# native connector) into OUT_DIR/ttft/<card>-mla.json.
 # remote (bench/remote_share.py): two engines on the GPU, one after the other, and one
 # redis-server on the same machine; engine A computes 8k and 30k-token prompts, engine B serves
 # them through the store, against recompute and its own CPU-tier hit, into
@@ -64,9 +68,9 @@
 # importable there (bash bench/stage_lmcache.sh here; `source .lmcstage/install.sh` there,
 # after vLLM); otherwise that row is left out and the output says why.
 set -uo pipefail
-USAGE="usage: bash bench/run_h200.sh ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|all OUT_DIR"
+USAGE="usage: bash bench/run_h200.sh ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|mla|all OUT_DIR"
 PART="${1:?$USAGE}"
-case "$PART" in ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
+case "$PART" in ttft|decode|burst|overflow|mixed|overhead|multiturn|ssd|regime|remote|mla|all) ;; *) echo "$USAGE" >&2; exit 2 ;; esac
 OUT="$(mkdir -p "${2:?$USAGE}" && cd "$2" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -78,6 +82,7 @@ OH_CONFIGS="${OH_CONFIGS:-apc,miniflex-cpu,native,miniflex-ssd}"
 SSD_CONFIGS="${SSD_CONFIGS:-apc,miniflex-ssd,native-fs}"
 REGIME_CONFIGS="${REGIME_CONFIGS:-apc,miniflex-ssd,miniflex-ssd+hit_policy=load+load_mode=async,native-fs}"
 REGIME_SHAPES="${REGIME_SHAPES:-32b,8b-128k}"
+MLA_CONFIGS="${MLA_CONFIGS:-apc,miniflex-cpu,native}"
 LIMIT_S="${LIMIT_S:-900}"
 
 VERSIONS="import vllm, torch; print('[run_h200] vllm', vllm.__version__, torch.__version__)"
@@ -179,6 +184,10 @@ case "$PART" in
       esac
     done
     exit "$status" ;;
+  mla)  # 2100 blocks = 33,600 tokens (1 GiB of latent KV): a 30k prompt fits, and so does its
+    # GPU-hit rerun
+    MODEL=bench/models/deepseek-v2-lite-shape CONFIGS="$MLA_CONFIGS" run_part mla ttft \
+      --gpu-blocks 2100 --ttft-prompts 8192,30000 --repeat 3 --json "$OUT/ttft/$CARD-mla.json" ;;
   remote)  # 2100 blocks = 33,600 tokens: a 30k prompt fits; 12 GiB of CPU tier holds one
     # (4.4 GB); the store holds all six prompts (26 GB of KV)
     STAGE="${REDIS_STAGE:-/tmp/redisstage}"

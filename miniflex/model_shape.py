@@ -30,6 +30,9 @@ class ModelShape:
     head_size: int | None = None
     dtype: str = "bfloat16"
     max_positions: int | None = None
+    latent: bool = False
+    """MLA (a config with ``kv_lora_rank``): one latent vector of ``kv_lora_rank +
+    qk_rope_head_dim`` values per token and layer, the same on every TP rank."""
 
     @classmethod
     def from_dir(cls, model: str | Path, key: str = "--model") -> ModelShape:
@@ -47,20 +50,28 @@ class ModelShape:
         cfg = cfg.get("text_config") or cfg
         heads = int(cfg["num_attention_heads"])
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        latent = bool(cfg.get("kv_lora_rank"))
+        if latent:
+            kv_heads, head_size = 1, int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
+        else:
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_size = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_size=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            num_kv_heads=kv_heads,
+            head_size=head_size,
             dtype=dtype if dtype in DTYPE_BYTES else "bfloat16",
             max_positions=cfg.get("max_position_embeddings"),
+            latent=latent,
         )
 
     def geometry(
         self, block_size: int, blocks_per_chunk: int, itemsize: int | None = None, tp_size: int = 1
     ) -> KVGeometry | None:
-        """One TP rank's KV geometry (vLLM splits KV heads over ranks, at least one each);
-        None while the shape is unknown. ``itemsize``: the KV cache's, else the model's."""
+        """One TP rank's KV geometry (vLLM splits KV heads over ranks, at least one each; a
+        latent cache is whole on every rank); None while the shape is unknown. ``itemsize``:
+        the KV cache's, else the model's."""
         if self.num_layers is None or self.num_kv_heads is None or self.head_size is None:
             return None
         return KVGeometry(
@@ -71,11 +82,12 @@ class ModelShape:
             dtype=self.dtype,
             itemsize=itemsize or DTYPE_BYTES[self.dtype],
             blocks_per_chunk=blocks_per_chunk,
+            latent=self.latent,
         )
 
     @property
     def kv_bytes_per_token(self) -> int | None:
-        """K and V bytes of one token over all layers (None: shape unknown)."""
+        """KV bytes of one token over all layers (None: shape unknown)."""
         geometry = self.geometry(block_size=1, blocks_per_chunk=1)
         return None if geometry is None else geometry.page_bytes * geometry.num_layers
 

@@ -127,7 +127,7 @@ def check_before_start(
     shape = check_model(model, key)
     geometry = None if shape is None else chunk_geometry(shape, config, engine)
     lines = []
-    placement = TPPlacement(engine.tp_size)  # an MLA model's size is not known here
+    placement = TPPlacement(engine.tp_size, replicated=shape is not None and shape.latent)
     if geometry is None:
         lines.append(f"model {model}: its KV size is not known here; vLLM checks cpu_bytes")
     else:

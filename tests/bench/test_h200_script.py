@@ -21,7 +21,7 @@ import pytest
 from miniflex.config import parse_size
 
 ROOT = Path(__file__).parents[2]
-PARTS = ("ttft", "decode", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd")
+PARTS = ("ttft", "decode", "burst", "overflow", "mixed", "overhead", "multiturn", "ssd", "mla")
 
 
 def h200_dry_run(

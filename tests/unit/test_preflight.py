@@ -158,6 +158,29 @@ def test_cpu_bytes_must_hold_one_chunk_of_this_model(
     assert "holds 1 of them" in lines[0]
 
 
+MLA = TINY | {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+}
+
+
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_an_mla_chunk_is_one_latent_vector_a_token_in_one_pool(tmp_path: Path, tp: str) -> None:
+    """An MLA model caches 512 + 64 values a token and layer, the same on every TP rank, in
+    one pool: 64 tokens x 4 layers x 1,152 bytes = 288 KiB per engine, whatever the TP size."""
+    (tmp_path / "config.json").write_text(json.dumps(MLA))
+    args = ("--block-size", "32", "-tp", tp)
+    err = refused(tmp_path, config(cpu_bytes=288 * KIB - 4096), *args)
+    assert "1 KV heads of 576" in str(err) and "to at least 288" in str(err)
+    lines = check_before_start(
+        str(tmp_path), config(cpu_bytes=288 * KIB), EngineArgs.from_cli(args)
+    )
+    assert "holds 1 of them" in lines[0]
+
+
 def test_serve_checks_ssd_dirs_with_the_model_chunk(model: Path, mount_fs: MountFS) -> None:
     ro = mount_fs(8, read_only=True)
     env = {"MINIFLEX_SSD_DIRS": str(ro), "MINIFLEX_SSD_BYTES": "1MiB"}
