@@ -187,8 +187,14 @@ class LoadRecord(JobRecord):
     def _trace(self, st: ReqState, good: int, blocks_per_chunk: int) -> None:
         """Note for the request's trace the blocks this load served (the first ``good``) and
         the chunks whose read failed (every chunk, if the job failed as a whole)."""
-        st.account.loaded_spans.append((self.first_block, tuple(self.block_tiers[:good])))
+        served = self.block_tiers[:good]
+        st.account.loaded_spans.append((self.first_block, tuple(served)))
         first = self.first_block // blocks_per_chunk
+        st.account.loaded_below_cpu.update(
+            self.sources[(self.first_block + i) // blocks_per_chunk - first].key
+            for i, tier in enumerate(served)
+            if tier is not Tier.CPU
+        )
         st.failed_chunks.update(
             first + i
             for i, s in enumerate(self.sources)

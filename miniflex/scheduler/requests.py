@@ -11,7 +11,7 @@ from miniflex.remote.lookup import RemoteAnswer
 from miniflex.scheduler.chunk_keys import ChunkKeys
 from miniflex.scheduler.hits import Hit
 from miniflex.tiers import ChunkSource
-from miniflex.types import BlockId, ReqId, Tier
+from miniflex.types import BlockId, ChunkKey, ReqId, Tier
 
 __all__ = ["PendingLoad", "ReqAccount", "ReqState", "ScheduledReq", "load_tokens_by_tier"]
 
@@ -49,6 +49,11 @@ class ReqAccount:
     loaded_as: LoadTiming | None = None  # how its last load ran (None: never loaded)
     loaded_spans: list[tuple[int, tuple[Tier, ...]]] = field(default_factory=list)
     """Each load's first block and the tier of each block it served (the request's trace)."""
+    loaded_below_cpu: set[ChunkKey] = field(default_factory=set)
+    """The chunks this request loaded from SSD or the remote store (any block of them),
+    by key: held there, so storing them again would only evict the CPU tier's copy of
+    their prefix (a load streams a prompt longer than the CPU tier). A key vLLM's rewrite
+    of the prompt's tail replaced is not among them: that chunk is stored anew."""
     gpu_hit_tokens: int | None = None  # vLLM's own hit when first admitted (the trace)
     decided: bool = False  # the cost model's decision was counted in stats
     ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
@@ -59,17 +64,6 @@ class ReqAccount:
         self.hit_tokens += sum(served.values())
         for tier, n in served.items():
             self.hit_by_tier[tier] = self.hit_by_tier.get(tier, 0) + n
-
-    def loaded_below_cpu(self, blocks_per_chunk: int) -> set[int]:
-        """The chunks this request loaded from SSD or the remote store (any block of them):
-        held there, so storing them again would only evict the CPU tier's copy of their
-        prefix (a load streams a prompt longer than the CPU tier)."""
-        return {
-            (first + i) // blocks_per_chunk
-            for first, tiers in self.loaded_spans
-            for i, tier in enumerate(tiers)
-            if tier is not Tier.CPU
-        }
 
     def check(self) -> None:
         assert self.hit_tokens == sum(self.hit_by_tier.values()), (

@@ -91,16 +91,16 @@ class StorePlanner:
         if self._jobs.storing_chunks() >= self._config.max_inflight_chunks:
             if self._may_wait(st, progress=False):
                 return None
-            held = st.account.loaded_below_cpu(self._ns.blocks_per_chunk)
-            stats.stores_skipped += sum(i not in held for i in range(st.stored_chunks, full))
+            held = st.account.loaded_below_cpu
+            stats.stores_skipped += sum(keys[i] not in held for i in range(st.stored_chunks, full))
             st.stored_chunks = full  # skipped for good, not retried (and counted) every step
             st.store_waits_since = None
             return None
         ns, cpu, first = self._ns, self._tiers.cpu, st.stored_chunks
         # SSD and the store keep what the request loaded from them; those in CPU (a promoted
         # or fetched head) stay in the list, so that placing the rest never evicts them
-        held = st.account.loaded_below_cpu(ns.blocks_per_chunk)
-        todo = [i for i in range(first, full) if i not in held or keys[i] in cpu]
+        held = st.account.loaded_below_cpu
+        todo = [i for i in range(first, full) if keys[i] not in held or keys[i] in cpu]
         # chunks of generated tokens go in coldest: they never push a prompt out
         prompt = st.prompt_chunks(ns.chunk_tokens)
         placed = self._tiers.prepare_store([keys[i] for i in todo], sum(i < prompt for i in todo))

@@ -9,14 +9,14 @@ from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.scheduler.advisor import HitAdvisor
 from miniflex.scheduler.cuda_graphs import EAGER
-from miniflex.scheduler.jobs import CommitContext, JobTable, StoreRecord
+from miniflex.scheduler.jobs import CommitContext, JobTable, LoadRecord, StoreRecord
 from miniflex.scheduler.lookup import HitLookup
 from miniflex.scheduler.remote_puts import RemotePuts
-from miniflex.scheduler.requests import ReqState
+from miniflex.scheduler.requests import PendingLoad, ReqState
 from miniflex.scheduler.store_planner import STORE_WAIT_S, StorePlanner
 from miniflex.stats import TransferStats
-from miniflex.tiers import TierStack
-from miniflex.types import BlockId, ReqId
+from miniflex.tiers import ChunkSource, TierStack
+from miniflex.types import BlockId, ReqId, SlotId
 
 NS = Namespace("m", "bfloat16", "LBHNC", 2, 2, 64, block_size=16, blocks_per_chunk=2)
 CT = NS.chunk_tokens
@@ -136,3 +136,18 @@ def test_a_chunk_whose_blocks_come_later_is_stored_once_they_are_allocated() -> 
     st.block_ids += [BlockId(104), BlockId(105)]
     assert first_blocks(p.job(st, 3 * CT)) == [104]
     assert st.stored_chunks == 3 and p.stats.stores_skipped == 0
+
+
+def test_chunks_loaded_from_ssd_are_not_stored_again_unless_vllm_rewrote_them() -> None:
+    """SSD keeps what a request loaded from it, so a store of those chunks would only evict
+    the CPU tier's copy of their prefix; a chunk of the prompt's tail that vLLM rewrote is
+    another chunk, under a new key, and is stored."""
+    p, st = Planner(), request()
+    p.job(st, 0)  # the request's keys, nothing computed yet
+    from_ssd = [ChunkSource(k, SlotId(20 + i), ssd=SlotId(i)) for i, k in enumerate(KEYS[:3])]
+    load = PendingLoad(first_token=0, num_tokens=3 * CT, sources=from_ssd)
+    LoadRecord.plan(p.jobs.next_id(), st, load, NS, 1).settle(st, NS)  # chunks 0-2 from SSD
+    assert first_blocks(p.job(st, 5 * CT)) == [106, 108]
+    assert p.stats.stores_skipped == 0
+    tail = [bytes([0xF0 + i]) * 32 for i in range(6)]  # vLLM replaced blocks 4.. (chunk 2 on)
+    assert first_blocks(p.job(st, 5 * CT, [*HASHES[:4], *tail])) == [104, 106, 108]
