@@ -12,8 +12,9 @@ nothing for::
 A load that reads nothing from SSD runs whole on the remote-fetch lane, so that it
 never waits behind another request's disk reads: its fetches into CPU slots are handed
 to the GPU copy in groups as they arrive (``fetch_handoff.py``), then its streamed
-windows follow. A load that reads from SSD runs its streamed windows on the ssd-read
-lane, its remote ones after its SSD ones.
+windows follow. A load that reads from SSD runs its SSD windows on the ssd-read lane and
+hands the trailing remote ones back to the remote-fetch lane, as a part of its own, so
+that a stalled store never holds up other requests' disk reads.
 
 Each lane adds what it read to the job's :data:`Promoted` (failed keys, SSD
 seconds, remote seconds). A failed key's blocks become load errors; reads
@@ -53,7 +54,7 @@ class LoadReads:
     def bind(self, promoter: Promoter, ssd: SSDCopier | None, ring: StagingRing) -> None:
         """This rank's readers: its promoter, SSD store and staging slots."""
         self._promoter, self._ssd = promoter, ssd
-        self.streamer = Streamer(ssd, ring, self._to_gpu, promoter)
+        self.streamer = Streamer(ssd, ring, self._to_gpu, promoter, self.fetch.submit)
 
     def submit(self, item: QueuedJob) -> None:
         """Read ``item``'s chunks, then queue its copies; its read slots are free."""

@@ -11,7 +11,9 @@ nothing from SSD), :class:`Streamer` runs such a job in parts:
 2. the streamed chunks are read a window at a time (half the staging slots), SSD
    chunks from the disk and remote ones from the store (:class:`Promoter`), and
    each window's copy goes to the gpu-load lane as soon as it has arrived, so the
-   next window is read while the GPU copies this one;
+   next window is read while the GPU copies this one; on the ssd-read lane, the
+   trailing remote streams (those after the last SSD one) go to the remote-fetch lane
+   as a part of their own, read there beside the SSD windows;
 3. a staging slot is read into again only once the copy out of it is done
    (:class:`StagingRing`), whichever job it belonged to.
 
@@ -161,11 +163,15 @@ class Streamer:
         ring: StagingRing,
         to_load_thread: Callable[[QueuedJob], None],
         promoter: Promoter | None = None,
+        to_fetch_lane: Callable[[QueuedJob], None] | None = None,
     ) -> None:
         """``promoter``: reads a window (SSD reads, remote fetches; None: this rank's SSD
-        store alone)."""
+        store alone). ``to_fetch_lane``: runs a load that reads nothing from SSD (the
+        remote-fetch lane; None: the remote windows of a load that also reads from SSD run
+        after its SSD windows, on the same lane)."""
         self._ssd, self._ring, self._put = ssd, ring, to_load_thread
         self._promoter = promoter or Promoter(ssd, None, True)
+        self._to_fetch_lane = to_fetch_lane
 
     @property
     def window(self) -> int:
@@ -198,6 +204,9 @@ class Streamer:
                 load.read(read)
                 handoff.flush(read[0])
                 handoff = None
+            else:  # the remote windows after the SSD ones go to the remote-fetch lane
+                rest = self._hand_over_fetches(item, load, rest)
+                unsent = tuple(m for _, m in rest)
             for i in range(0, len(rest), self.window):
                 self._window(item, load, rest[i : i + self.window])
                 unsent = unsent[self.window :]
@@ -212,6 +221,36 @@ class Streamer:
             load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, tuple(lost)))
         finally:
             load.close()
+
+    def _hand_over_fetches(
+        self,
+        item: QueuedJob,
+        load: StreamedLoad,
+        rest: list[tuple[SlotCopy | RemoteCopy, ChunkMove]],
+    ) -> list[tuple[SlotCopy | RemoteCopy, ChunkMove]]:
+        """Queue the trailing run of remote streams as a load of its own on the remote-fetch
+        lane, one part of ``load``, so that a store that stalls never holds up the disk
+        reads of other requests queued behind this one; returns the streams left here.
+        The two parts claim their staging windows in turn, as two loads would."""
+        cut = len(rest)
+        while cut and isinstance(rest[cut - 1][0], RemoteCopy):
+            cut -= 1
+        if cut == len(rest) or self._to_fetch_lane is None:
+            return rest
+        tail = rest[cut:]
+        sub = replace(
+            item.job,
+            chunks=tuple(m for _, m in tail),
+            streams=tuple(c for c, _ in tail),
+            promotions=(),
+            remote=(),
+            unavailable=(),
+        )
+        part: Future[JobResult] = Future()
+        part.add_done_callback(lambda fut: load.part(fut.result()))
+        load.expect()
+        self._to_fetch_lane(QueuedJob(sub, item.fence, part))
+        return rest[:cut]
 
     def _part(
         self,

@@ -1,6 +1,6 @@
 """A load's remote fetches run on a lane of their own: a store that stalls mid-fetch holds
-up neither another request's SSD reads nor any GPU copy, and a load with both is copied
-only once both are read."""
+up neither another request's SSD reads nor any GPU copy (streamed through staging slots
+or not), and a load with both is copied only once both are read."""
 
 from __future__ import annotations
 
@@ -31,9 +31,21 @@ ON_SSD, REMOTE = ChunkKey(21), ChunkKey(22)
 
 
 @pytest.fixture
-def handler(server: LocalServer, direct_dir: Path) -> Iterator[MiniFlexHandler]:
+def kv() -> dict[str, torch.Tensor]:
+    """vLLM's KV cache: 2 layers of ``BLOCKS`` pages of 4 KiB (a chunk is one block)."""
+    return {f"layer.{i}": torch.randn(BLOCKS, 1, 16, 128).to(torch.float16) for i in range(2)}
+
+
+def block_bytes(kv: dict[str, torch.Tensor], block: int) -> bytes:
+    """Block ``block``'s pages, layer after layer: a chunk's bytes as a slot holds them."""
+    return b"".join(t[block].contiguous().view(torch.uint8).numpy().tobytes() for t in kv.values())
+
+
+@pytest.fixture
+def handler(
+    server: LocalServer, direct_dir: Path, kv: dict[str, torch.Tensor]
+) -> Iterator[MiniFlexHandler]:
     config = MiniFlexConfig(mover="cpu", ssd_dirs=(str(direct_dir),), ssd_bytes=1 << 20)
-    kv = {f"layer.{i}": torch.randn(BLOCKS, 1, 16, 128).to(torch.float16) for i in range(2)}
     remote = WorkerRemote(store(server.url, NS_A), write_backlog=1 << 30)
     h = MiniFlexHandler(config, remote)
     h.register(kv, num_slots=4, blocks_per_chunk=1, setup=RankSetup(shard_digest=b"\x02" * 16))
@@ -179,3 +191,40 @@ def test_a_load_from_the_store_alone_copies_chunks_while_later_ones_still_arrive
     assert res.ok and not res.failed_block_ids and res.remote_seconds > 0
     assert sorted(s for c in copied for s in c) == [0, 1, 2, 3]
     assert [h._pool.slot(SlotId(i)).tobytes() for i in range(4)] == data
+
+
+def test_a_streamed_load_whose_store_stalls_holds_up_no_other_ssd_read(
+    handler: MiniFlexHandler, kv: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load streamed past the CPU tier, one chunk from SSD and then one from the store
+    (staging slots 4 and 5): with the store stalled, another request's SSD read and its
+    copy still finish; once the store answers, the streamed load reports both chunks, bit
+    for bit in vLLM's blocks."""
+    h = handler
+    ssd_bytes, remote_bytes = on_ssd_and_remote(h)
+    assert h._reads.streamer.window >= 2  # both streams would fit one window
+    gate = gated_fetches(monkeypatch)
+    streamed = TransferJob(
+        JobId(2),
+        ReqId("b"),
+        JobKind.LOAD,
+        (ChunkMove(SlotId(4), (BlockId(4),)), ChunkMove(SlotId(5), (BlockId(5),))),
+        streams=(SlotCopy(ON_SSD, SlotId(4), 0), RemoteCopy(REMOTE, SlotId(5))),
+    )
+    promoted = load(3, "c", block=6, slot=2, promotions=(SlotCopy(ON_SSD, SlotId(2), 0),))
+    try:
+        run_plan(h, 3, streamed)
+        run_plan(h, 4, promoted)
+        wait_until(lambda: not h.in_flight(ReqId("c")), "the other request's SSD read")
+        assert h.in_flight(ReqId("b")) == 1, "the stalled fetch's load finished"
+    finally:
+        gate.set()
+    h.drain()
+    h.poll()
+    results = {r.job_id: r for r in h.take_results()}
+    res = results[JobId(2)]
+    assert res.ok and not res.failed_block_ids and not res.failed_keys
+    assert res.ssd_seconds > 0 and res.remote_seconds > 0
+    assert results[JobId(3)].ok
+    assert block_bytes(kv, 4) == block_bytes(kv, 6) == ssd_bytes
+    assert block_bytes(kv, 5) == remote_bytes
