@@ -2,7 +2,7 @@
 
     python -m bench.correctness [--kinds llama mla mla-v2 hybrid hybrid-hma] [--tp 1 2]
                                 [--prompts 4] [--tokens 16] [--kv-cache-dtype auto|fp8]
-                                [--model PATH] [--json PATH]
+                                [--model PATH] [--json PATH] [--commit SHA]
 
 For each model kind and TP size one engine (MiniFlex's CPU tier, chunks of one
 block so its hits cover the same tokens as vLLM's) serves each prompt three
@@ -139,6 +139,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kv-bytes", type=int, default=64 << 20, help="vLLM's KV cache (0: auto)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     return ap.parse_args(argv)
 
 
@@ -181,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         from miniflex.tools.bench.offline_driver import on_cuda
         from miniflex.tools.bench.provenance import provenance
 
-        record = {"provenance": provenance(on_cuda()), "command": sys.argv, "rows": rows}
+        record = {
+            "provenance": provenance(on_cuda(), args.commit),
+            "command": sys.argv,
+            "rows": rows,
+        }
         args.json.write_text(json.dumps(record | {"not_run": not_run}, indent=1))
     return 1 if not_run else 0
 

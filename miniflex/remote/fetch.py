@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from miniflex.plan import RemoteCopy
 from miniflex.pool import HostPool
 from miniflex.remote.base import RemoteStore
+from miniflex.remote.fetch_gate import FetchGate
 from miniflex.types import ChunkKey
 
 __all__ = ["Arrived", "RemoteFetcher", "auto_fetch_streams"]
@@ -46,11 +47,15 @@ def auto_fetch_streams(cpus: int | None) -> int:
 class RemoteFetcher:
     """Fetches chunks from one shard's store into this rank's CPU pool."""
 
-    def __init__(self, store: RemoteStore, pool: HostPool, streams: int = 1) -> None:
-        """``streams``: fetches in flight at once (1: one after another, on this thread)."""
+    def __init__(
+        self, store: RemoteStore, pool: HostPool, streams: int = 1, gate: FetchGate | None = None
+    ) -> None:
+        """``streams``: fetches in flight at once (1: one after another, on this thread);
+        ``gate``: held for each fetch, so that this rank's puts wait (None: a gate of its own)."""
         self.store = store
         self.pool = pool
         self.streams = streams
+        self.gate = gate or FetchGate()
         self._threads = (
             ThreadPoolExecutor(streams, thread_name_prefix="miniflex-fetch")
             if streams > 1
@@ -76,12 +81,13 @@ class RemoteFetcher:
         """
         t0 = time.perf_counter()
         shares = self._shares(copies)
-        if self._threads is None or len(shares) < 2:
-            missed = [k for share in shares for k in self._fetch_share(share, arrived)]
-        else:
-            runs = [self._threads.submit(self._fetch_share, share, arrived) for share in shares]
-            wait(runs)
-            missed = [k for run in runs for k in run.result()]  # the first error, if any
+        with self.gate.fetching():  # this rank's puts wait until the fetch is done
+            if self._threads is None or len(shares) < 2:
+                missed = [k for share in shares for k in self._fetch_share(share, arrived)]
+            else:
+                runs = [self._threads.submit(self._fetch_share, s, arrived) for s in shares]
+                wait(runs)
+                missed = [k for run in runs for k in run.result()]  # the first error, if any
         return set(missed), time.perf_counter() - t0
 
     def _shares(self, copies: Sequence[RemoteCopy]) -> list[Sequence[RemoteCopy]]:

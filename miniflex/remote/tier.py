@@ -127,8 +127,8 @@ class WorkerRemote:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
         self._pool = pool
         self.fetcher = RemoteFetcher(self.store, pool, self._streams)
-        if self._write_backlog is not None:
-            self.uploader = RemoteUploader(self.store, self._write_backlog)
+        if self._write_backlog is not None:  # puts wait for this rank's fetches
+            self.uploader = RemoteUploader(self.store, self._write_backlog, self.fetcher.gate)
         return self.fetcher
 
     def probe(self) -> float | None:

@@ -11,7 +11,8 @@ that the job's thread goes on with the next store: a prompt's stores, each
 followed by its copies on one thread, held the prompt's blocks until the last
 copy was made. The put thread asks the store which queued chunks it already
 holds (another replica may have put them: one ``exists`` round trip per batch)
-and puts the rest.
+and puts the rest, each once no fetch of the same rank is in flight
+(:mod:`miniflex.remote.fetch_gate`: loads before puts).
 
 Buffers are kept for reuse once their put is done: a copy into fresh memory
 pays a page fault per 4 KiB page, which makes it many times slower than a
@@ -39,6 +40,7 @@ import numpy as np
 
 from miniflex.bytecopy import copy_into
 from miniflex.remote.base import RemoteStore
+from miniflex.remote.fetch_gate import FetchGate
 from miniflex.types import ChunkKey
 
 __all__ = ["UPLOAD_QUEUE_BYTES", "RemoteUploader", "UploadStats"]
@@ -106,8 +108,12 @@ Copies = list[tuple[ChunkKey, memoryview | np.ndarray]]
 class RemoteUploader:
     """Puts chunks to one shard's store on threads of its own; see the module docstring."""
 
-    def __init__(self, store: RemoteStore, max_bytes: int = UPLOAD_QUEUE_BYTES) -> None:
+    def __init__(
+        self, store: RemoteStore, max_bytes: int = UPLOAD_QUEUE_BYTES, gate: FetchGate | None = None
+    ) -> None:
+        """``gate``: the rank's fetches, which each put waits for (None: puts never wait)."""
         self.store = store
+        self._gate = gate
         self._buffers = _Buffers(max_bytes)
         self._queue: deque[tuple[ChunkKey, np.ndarray]] = deque()
         self._copies: deque[tuple[Copies, Callable[[], None]]] = deque()
@@ -239,6 +245,8 @@ class RemoteUploader:
         for (key, data), there in zip(batch, held, strict=True):
             if there:
                 continue
+            if self._gate is not None:
+                self._gate.wait_idle(lambda: self._closed)  # loads first
             if self.store.put(key, memoryview(data)):
                 put += 1
             else:

@@ -10,8 +10,13 @@ import pytest
 
 pytest.importorskip("redis")
 
+from miniflex.plan import RemoteCopy
+from miniflex.pool import HostPool
+from miniflex.remote.fetch_gate import FetchGate
 from miniflex.remote.local_server import LocalServer
+from miniflex.remote.tier import WorkerRemote
 from miniflex.remote.uploader import RemoteUploader
+from miniflex.types import SlotId
 from tests.remote.conftest import NEEDS_SERVER, key, payload, store
 
 pytestmark = NEEDS_SERVER
@@ -69,3 +74,60 @@ def test_close_copies_and_puts_what_was_handed_over_and_reports_later_offers_at_
     assert up.stats().put == 8 and up.store.get(key(7)) == chunk(7).tobytes()
     up.offer_later([(key(99), chunk(99))], lambda: calls.append("after close"))
     assert calls[-1] == "after close" and not up.offer(key(98), chunk(98))
+
+
+def test_puts_wait_while_a_fetch_of_the_same_rank_is_in_flight(server: LocalServer) -> None:
+    """Loads before puts: chunks offered while a fetch runs are put once it has ended."""
+    gate = FetchGate()
+    up = RemoteUploader(store(server.url), max_bytes=8 * CHUNK, gate=gate)
+    with gate.fetching():
+        assert up.offer(key(1), chunk(1)) and up.offer(key(2), chunk(2))
+        assert not up.flush(0.5)  # held back behind the fetch
+        assert up.stats().put == 0 and up.store.get(key(1)) is None
+    assert up.flush(10)
+    assert up.stats().put == 2 and up.store.get(key(2)) == chunk(2).tobytes()
+    assert gate.waited_s >= 0.4
+    up.close()
+
+
+def test_close_puts_what_waits_for_a_fetch_that_never_ends(server: LocalServer) -> None:
+    """A fetch stuck past shutdown holds no put back: close() puts the queue and returns."""
+    gate = FetchGate()
+    up = RemoteUploader(store(server.url), max_bytes=8 * CHUNK, gate=gate)
+    with gate.fetching():
+        assert up.offer(key(3), chunk(3))
+        up.close()
+        assert up.stats().put == 1 and up.store.get(key(3)) == chunk(3).tobytes()
+
+
+def test_a_ranks_fetch_holds_back_its_own_write_through(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank's remote side: a put offered while that rank's fetch waits on the store
+    goes out once the fetch has ended, and the fetch gets its chunk."""
+    remote = WorkerRemote(store(server.url), write_backlog=8 * CHUNK)
+    fetcher = remote.bind(HostPool(2, CHUNK))
+    assert remote.uploader is not None and remote.store.put(key(5), chunk(5))
+    answer = threading.Event()
+    real = type(remote.store).get_many_into
+
+    def slow(s: object, items: object, done: object = None) -> object:
+        assert answer.wait(10), "the test never let the store answer"
+        return real(s, items, done)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(remote.store), "get_many_into", slow)
+    fetched: list[tuple[set[int], float]] = []
+    fetch = threading.Thread(
+        target=lambda: fetched.append(fetcher.fetch([RemoteCopy(key(5), SlotId(0))]))
+    )
+    fetch.start()
+    try:
+        assert remote.uploader.offer(key(6), chunk(6))
+        assert not remote.uploader.flush(0.5) and remote.store.get(key(6)) is None
+    finally:
+        answer.set()
+    fetch.join(10)
+    assert fetched and fetched[0][0] == set()
+    assert remote.uploader.flush(10) and remote.store.get(key(6)) == chunk(6).tobytes()
+    assert fetcher.pool.slot(SlotId(0)).tobytes() == chunk(5).tobytes()
+    remote.close()
