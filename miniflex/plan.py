@@ -25,6 +25,7 @@ __all__ = [
     "JobResult",
     "LoadProbe",
     "LoadTiming",
+    "PutOutcome",
     "RemoteCopy",
     "SlotCopy",
     "TransferJob",
@@ -233,3 +234,29 @@ class LoadProbe:
     remote_read_bps: float | None = None
     """Bytes/s this worker fetched chunks from the remote store at (:mod:`miniflex.remote.probe`);
     None: no remote tier, or the store could not be reached."""
+
+
+@dataclass(frozen=True)
+class PutOutcome:
+    """What a worker's write-through puts came to since its last report (all ranks, once
+    aggregated): chunks the store acknowledged, held already, refused or never reached,
+    and dropped unsent (``remote_write_backlog`` was full); and seconds puts waited for
+    the same rank's fetches (:mod:`miniflex.remote.fetch_gate`)."""
+
+    acked: int = 0
+    held: int = 0
+    failed: int = 0
+    dropped: int = 0
+    wait_seconds: float = 0.0
+
+    def __add__(self, other: PutOutcome) -> PutOutcome:
+        return PutOutcome(
+            self.acked + other.acked,
+            self.held + other.held,
+            self.failed + other.failed,
+            self.dropped + other.dropped,
+            self.wait_seconds + other.wait_seconds,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.acked or self.held or self.failed or self.dropped or self.wait_seconds)

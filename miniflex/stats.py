@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from miniflex.plan import JobKind, JobResult
+from miniflex.plan import JobKind, JobResult, PutOutcome
 
 __all__ = ["CLOCKS", "TransferStats"]
 
@@ -53,6 +53,11 @@ class TransferStats:
     ssd_read_bytes: int = 0  # read from SSD for a load (promoted or streamed), all ranks
     remote_fetch_bytes: int = 0  # fetched from the remote store for a load, all ranks
     remote_put_bytes: int = 0  # handed to the remote store's puts, all ranks
+    remote_puts_acked: int = 0  # of those, put and acknowledged by the store
+    remote_puts_held: int = 0  # of those, not sent: the store held them already
+    remote_puts_failed: int = 0  # of those, refused or unreachable (the local tiers keep them)
+    remote_puts_dropped: int = 0  # of those, dropped unsent: remote_write_backlog was full
+    remote_put_wait_seconds: float = 0.0  # puts waited for the same rank's fetches, all ranks
     decided_load_chunks: int = 0  # resident chunks the cost model chose to load
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
@@ -91,6 +96,11 @@ class TransferStats:
         "ssd_read_bytes",
         "remote_fetch_bytes",
         "remote_put_bytes",
+        "remote_puts_acked",
+        "remote_puts_held",
+        "remote_puts_failed",
+        "remote_puts_dropped",
+        "remote_put_wait_seconds",
         "decided_load_chunks",
         "backfill_passes",
         "ttft_samples",
@@ -117,6 +127,14 @@ class TransferStats:
 
         if r.io:
             self.ssd_jobs[r.io] += 1
+
+    def add_puts(self, p: PutOutcome) -> None:
+        """What the workers' remote puts came to (:class:`PutOutcome`)."""
+        self.remote_puts_acked += p.acked
+        self.remote_puts_held += p.held
+        self.remote_puts_failed += p.failed
+        self.remote_puts_dropped += p.dropped
+        self.remote_put_wait_seconds += p.wait_seconds
 
     def merge(self, other: TransferStats) -> TransferStats:
         self.hit_tokens.update(other.hit_tokens)

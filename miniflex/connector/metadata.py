@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from miniflex.plan import JobResult, LoadProbe, TransferPlan
+from miniflex.plan import JobResult, LoadProbe, PutOutcome, TransferPlan
 
 if TYPE_CHECKING:
     from miniflex.worker.step_driver import WorkerReport
@@ -38,6 +38,8 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
     """Wall seconds in the worker's hooks since its last report (``clocks.py``)."""
     thread_cpu_seconds: float = 0.0
     """CPU seconds of the worker's transfer and SSD threads since its last report."""
+    puts: PutOutcome = field(default_factory=PutOutcome)
+    """What the worker's remote puts came to since its last report."""
 
     @classmethod
     def of(cls, report: WorkerReport | None) -> MiniFlexWorkerMeta | None:
@@ -52,4 +54,5 @@ class MiniFlexWorkerMeta(KVConnectorWorkerMetadata):
             self.probes + other.probes,
             self.hook_seconds + other.hook_seconds,
             self.thread_cpu_seconds + other.thread_cpu_seconds,
+            self.puts + other.puts,
         )

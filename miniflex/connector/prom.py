@@ -87,6 +87,23 @@ _METRICS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, ...]]]] = {
             "remote_puts": ("put",),
         },
     ),
+    "vllm:miniflex_remote_puts": (
+        "Write-through chunks, as the workers' puts ended: acknowledged by the store, held by "
+        "it already (not sent), failed (refused or unreachable), or dropped unsent because "
+        "remote_write_backlog was full. The local tiers keep every chunk that was not put.",
+        ("outcome",),
+        {
+            "remote_puts_acked": ("acked",),
+            "remote_puts_held": ("held",),
+            "remote_puts_failed": ("failed",),
+            "remote_puts_dropped": ("dropped",),
+        },
+    ),
+    "vllm:miniflex_remote_put_wait_seconds": (
+        "Seconds write-through puts waited for the same rank's fetches (loads go first).",
+        (),
+        {"remote_put_wait_seconds": ()},
+    ),
     "vllm:miniflex_decided_chunks": (
         "Resident chunks the calibrated cost model chose to load, or to recompute because "
         "that was predicted faster.",

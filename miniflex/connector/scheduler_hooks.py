@@ -128,6 +128,8 @@ class SchedulerHooks:
             if meta.step_seconds:
                 m.on_step_times(meta.step_seconds)
             m.on_clocks(worker_hooks=meta.hook_seconds, thread_cpu=meta.thread_cpu_seconds)
+            if meta.puts:
+                m.stats.add_puts(meta.puts)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         req_id = request.request_id

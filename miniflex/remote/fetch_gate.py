@@ -39,6 +39,7 @@ class FetchGate:
         self._fetching = 0
         self.waited_s = 0.0
         """Seconds puts spent waiting for fetches, in all."""
+        self._taken_s = 0.0  # waited_s as of the last take_waited()
 
     @contextmanager
     def fetching(self) -> Iterator[None]:
@@ -62,3 +63,9 @@ class FetchGate:
             waited = time.perf_counter() - t0
             self.waited_s += waited
         return waited
+
+    def take_waited(self) -> float:
+        """Seconds puts waited since the last call."""
+        with self._cond:
+            out, self._taken_s = self.waited_s - self._taken_s, self.waited_s
+        return out

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from miniflex.config import MiniFlexConfig
 from miniflex.keys import Namespace
-from miniflex.plan import JobResult, TransferJob
+from miniflex.plan import JobResult, PutOutcome, TransferJob
 from miniflex.pool import HostPool
 from miniflex.ranks import TPPlacement
 from miniflex.remote import RemoteStore, open_remote_store
@@ -152,6 +152,10 @@ class WorkerRemote:
             return
         pool = self._pool
         self.uploader.offer_later([(c.key, pool.slot(c.cpu)) for c in job.puts], copied)
+
+    def take_outcome(self) -> PutOutcome:
+        """What this rank's puts came to since the last call (nothing without puts)."""
+        return self.uploader.take_outcome() if self.uploader is not None else PutOutcome()
 
     def close(self) -> None:
         """Put what is queued (bounded by the store's timeout per put), then disconnect."""

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from miniflex.bytecopy import copy_into
+from miniflex.plan import PutOutcome
 from miniflex.remote.base import RemoteStore
 from miniflex.remote.fetch_gate import FetchGate
 from miniflex.types import ChunkKey
@@ -123,6 +124,7 @@ class RemoteUploader:
         self._copying = False
         self._counts = {name: 0 for name in UploadStats.__dataclass_fields__}
         del self._counts["buffer_bytes"]
+        self._reported = dict(self._counts)  # the counts as of the last take_outcome()
         self._threads = [
             threading.Thread(target=run, name=name, daemon=True)
             for run, name in (
@@ -179,6 +181,22 @@ class RemoteUploader:
     def stats(self) -> UploadStats:
         with self._cond:
             return UploadStats(**self._counts, buffer_bytes=self._buffers.held)
+
+    def take_outcome(self) -> PutOutcome:
+        """What the puts came to since the last call (the worker's report to the scheduler);
+        ``wait_seconds`` is the gate's, where the uploader has one."""
+        waited = self._gate.take_waited() if self._gate is not None else 0.0
+        with self._cond:
+            c, last = self._counts, self._reported
+            out = PutOutcome(
+                c["put"] - last["put"],
+                c["skipped"] - last["skipped"],
+                c["failed"] - last["failed"],
+                c["dropped"] - last["dropped"],
+                waited,
+            )
+            self._reported = dict(c)
+        return out
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every chunk handed over was copied and put (or failed); False if

@@ -61,7 +61,7 @@ from miniflex.errors import TransferError
 from miniflex.gpu import pinning
 from miniflex.gpu.base import KVMover
 from miniflex.layout import KVLayout
-from miniflex.plan import JobKind, JobResult, LoadProbe, TransferJob, TransferPlan
+from miniflex.plan import JobKind, JobResult, LoadProbe, PutOutcome, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote
@@ -316,6 +316,10 @@ class MiniFlexHandler:
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's lanes spent on jobs since the last call (waits excluded)."""
         return sum(lane.take_cpu() for lane in self._lanes)
+
+    def take_put_outcome(self) -> PutOutcome:
+        """What this rank's remote puts came to since the last call."""
+        return self._remote.take_outcome() if self._remote is not None else PutOutcome()
 
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:

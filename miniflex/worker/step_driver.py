@@ -17,12 +17,12 @@ hook here in one line; this class owns what each hook does and why, in step orde
    queued or failed, released requests wait for their stores, and finished loads and
    releases are reported.
 7. ``report`` (``build_connector_worker_meta``): results, forward times, the start-up
-   probe and the clocks, for the scheduler half.
+   probe, the clocks and what the remote puts came to, for the scheduler half.
 """
 
 from __future__ import annotations
 
-from miniflex.plan import JobKind, JobResult, LoadProbe, TransferPlan
+from miniflex.plan import JobKind, JobResult, LoadProbe, PutOutcome, TransferPlan
 from miniflex.worker.handler import MiniFlexHandler
 
 __all__ = ["CLOCK_REPORT_S", "StepDriver", "WorkerReport"]
@@ -31,9 +31,15 @@ CLOCK_REPORT_S = 0.01
 """Hook and thread seconds worth a report on their own (else they wait for one)."""
 
 WorkerReport = tuple[
-    tuple[JobResult, ...], tuple[tuple[int, float], ...], tuple[LoadProbe, ...], float, float
+    tuple[JobResult, ...],
+    tuple[tuple[int, float], ...],
+    tuple[LoadProbe, ...],
+    float,
+    float,
+    PutOutcome,
 ]
-"""``(results, step times, probes, hook seconds, thread CPU seconds)`` of one report."""
+"""``(results, step times, probes, hook seconds, thread CPU seconds, put outcome)`` of one
+report."""
 
 
 class StepDriver:
@@ -44,6 +50,7 @@ class StepDriver:
         self.hook_seconds = 0.0
         """Wall time in this side's hooks, not reported yet (the facade's clock adds it)."""
         self._thread_cpu = 0.0  # CPU time of the handler's threads, not reported yet
+        self._puts = PutOutcome()  # what the remote puts came to, not reported yet
 
     def bound(self, plan: TransferPlan) -> None:
         self.handler.forward_started(plan)
@@ -98,8 +105,10 @@ class StepDriver:
         probe = self.handler.take_probe()
         probes = (probe,) if probe is not None else ()
         cpu = self._thread_cpu + self.handler.take_thread_cpu()
-        if not (results or steps or probes) and hook_seconds + cpu < CLOCK_REPORT_S:
-            self._thread_cpu = cpu
+        puts = self._puts + self.handler.take_put_outcome()
+        if not (results or steps or probes or puts) and hook_seconds + cpu < CLOCK_REPORT_S:
+            self._thread_cpu, self._puts = cpu, puts
             return None
         self._thread_cpu = self.hook_seconds = 0.0
-        return tuple(results), tuple(steps), probes, hook_seconds, cpu
+        self._puts = PutOutcome()
+        return tuple(results), tuple(steps), probes, hook_seconds, cpu, puts

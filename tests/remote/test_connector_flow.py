@@ -18,10 +18,12 @@ import pytest
 from miniflex.errors import RemoteError
 from miniflex.keys import chunk_key
 from miniflex.remote.local_server import LocalServer
+from miniflex.remote.uploader import RemoteUploader
 from miniflex.tools.inspect_status import inspect_status
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
 from tests.connector.stats_sum import totals as summed_totals
+from tests.handler_steps import wait_until
 from tests.remote.conftest import NEEDS_SERVER
 
 pytest.importorskip("redis", reason="the redis client is missing: pip install -e '.[remote]'")
@@ -215,3 +217,46 @@ def test_write_back_puts_what_the_cpu_tier_evicts(tmp_path: Path, server: LocalS
     assert served(b, "b", tokens(10)) == CHUNKS * CHUNK  # evicted by A: in the store
     assert served(b, "b2", tokens(12)) == 0  # still in A's CPU tier only
     b.shutdown()
+
+
+def uploader(h: Harness) -> RemoteUploader:
+    remote = h.worker.step.handler._remote
+    assert remote is not None and remote.uploader is not None
+    return remote.uploader
+
+
+def test_what_the_puts_came_to_reaches_the_schedulers_counters(
+    tmp_path: Path, server: LocalServer
+) -> None:
+    """The workers report each put's outcome: two prompts' chunks acknowledged by the store,
+    counted once each (a later step carries a report made after the puts ended)."""
+    a = engine(tmp_path / "model", server.url)
+    for seed in (1, 2):
+        a.cached_in_miniflex_only(f"p{seed}", tokens(seed))
+        assert uploader(a).flush(10)
+    assert served(a, "again", tokens(1)) > 0  # a CPU hit: its steps put nothing new
+    t = totals(a)
+    assert t["remote_puts"] == t["remote_puts_acked"] == 2 * CHUNKS
+    assert t["remote_puts_failed"] == t["remote_puts_dropped"] == t["remote_puts_held"] == 0
+    a.worker.shutdown()
+
+
+def test_puts_dropped_behind_a_full_backlog_are_counted(
+    tmp_path: Path, server: LocalServer
+) -> None:
+    """A backlog of one chunk while the store is paused: the other three are dropped unsent,
+    and the scheduler's counters say so; every chunk handed over is accounted for."""
+    a = engine(tmp_path / "model", server.url, remote_write_backlog="4KiB")
+    server.pause()
+    try:
+        a.cached_in_miniflex_only("p", tokens(3))
+        wait_until(lambda: uploader(a).stats().offered == CHUNKS, "the copies")
+    finally:
+        server.resume()
+    assert uploader(a).flush(10)
+    served(a, "again", tokens(3))
+    t = totals(a)
+    assert t["remote_puts_dropped"] == CHUNKS - 1
+    ended = t["remote_puts_acked"] + t["remote_puts_failed"] + t["remote_puts_dropped"]
+    assert ended == t["remote_puts"] == CHUNKS
+    a.worker.shutdown()

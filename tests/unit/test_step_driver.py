@@ -53,7 +53,7 @@ def test_a_step_stores_after_its_forward_and_releases_once_stored(driver: StepDr
     assert sending == {"a"}
     report = driver.report()
     assert report is not None
-    results, steps, _probes, _hook_s, _cpu_s = report
+    results, steps, _probes, _hook_s, _cpu_s, _puts = report
     assert [(r.job_id, r.kind, r.ok) for r in results] == [(1, JobKind.STORE, True)]
     assert [s for s, _ in steps] == [1]  # the step's forward was timed
 

@@ -151,7 +151,7 @@ def test_the_first_report_carries_the_probe_and_results_are_reported_once(rank: 
     stored(driver, block=2, slot=0)
     first = driver.report()
     assert first is not None
-    results, _steps, probes, _hook_s, _cpu_s = first
+    results, _steps, probes, _hook_s, _cpu_s, _puts = first
     assert len(probes) == 1 and [r.job_id for r in results] == [90]
     again = driver.report()
     assert again is None or (again[0], again[1], again[2]) == ((), (), ())
