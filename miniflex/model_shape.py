@@ -9,15 +9,47 @@ the one place that knows KV layouts.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from miniflex.errors import ConfigError
 from miniflex.layout import KVGeometry
 
-__all__ = ["DTYPE_BYTES", "ModelShape"]
+__all__ = ["DTYPE_BYTES", "MLA_MODEL_TYPES", "ModelShape", "runs_as_mla"]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+MLA_MODEL_TYPES = frozenset(
+    {
+        "axk1",
+        "bailing_hybrid",
+        "bailing_hybrid_mtp",
+        "deepseek_mtp",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "glm4_moe_lite",
+        "glm4_moe_lite_mtp",
+        "glm_moe_dsa",
+        "kimi_k2",
+        "kimi_linear",
+        "longcat_flash",
+        "longcat_flash_ngram",
+        "pangu_ultra_moe",
+        "pangu_ultra_moe_mtp",
+    }
+)
+"""Model types vLLM runs with a latent (MLA) cache when their config has ``kv_lora_rank``
+(vLLM's ``is_deepseek_mla``); any other model, MiniCPM3's among them, caches K and V."""
+
+
+def runs_as_mla(cfg: dict) -> bool:
+    """Whether vLLM caches this text config's KV as one latent vector (MLA): a model type it
+    runs so, with ``kv_lora_rank``, unless ``VLLM_MLA_DISABLE`` is set (then K and V)."""
+    if os.environ.get("VLLM_MLA_DISABLE", "0") not in ("", "0"):
+        return False
+    return cfg.get("model_type") in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None
 
 
 @dataclass(frozen=True)
@@ -31,8 +63,8 @@ class ModelShape:
     dtype: str = "bfloat16"
     max_positions: int | None = None
     latent: bool = False
-    """MLA (a config with ``kv_lora_rank``): one latent vector of ``kv_lora_rank +
-    qk_rope_head_dim`` values per token and layer, the same on every TP rank."""
+    """MLA (:func:`runs_as_mla`): one latent vector of ``kv_lora_rank + qk_rope_head_dim``
+    values per token and layer, the same on every TP rank."""
 
     @classmethod
     def from_dir(cls, model: str | Path, key: str = "--model") -> ModelShape:
@@ -50,7 +82,7 @@ class ModelShape:
         cfg = cfg.get("text_config") or cfg
         heads = int(cfg["num_attention_heads"])
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        latent = bool(cfg.get("kv_lora_rank"))
+        latent = runs_as_mla(cfg)
         if latent:
             kv_heads, head_size = 1, int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
         else:

@@ -53,10 +53,11 @@ class TransferStats:
     ssd_read_bytes: int = 0  # read from SSD for a load (promoted or streamed), all ranks
     remote_fetch_bytes: int = 0  # fetched from the remote store for a load, all ranks
     remote_put_bytes: int = 0  # handed to the remote store's puts, all ranks
-    remote_puts_acked: int = 0  # of those, put and acknowledged by the store
-    remote_puts_held: int = 0  # of those, not sent: the store held them already
-    remote_puts_failed: int = 0  # of those, refused or unreachable (the local tiers keep them)
-    remote_puts_dropped: int = 0  # of those, dropped unsent: remote_write_backlog was full
+    # what the puts came to, per rank that puts (each TP rank puts its shard of a chunk):
+    remote_puts_acked: int = 0  # put and acknowledged by the store
+    remote_puts_held: int = 0  # not sent: the store held them already
+    remote_puts_failed: int = 0  # refused, unreachable, or their job failed
+    remote_puts_dropped: int = 0  # dropped unsent: remote_write_backlog was full
     remote_put_wait_seconds: float = 0.0  # puts waited for the same rank's fetches, all ranks
     decided_load_chunks: int = 0  # resident chunks the cost model chose to load
     ttft_samples: int = 0  # decided requests whose TTFT was measured

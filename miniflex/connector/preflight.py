@@ -140,7 +140,7 @@ def check_before_start(
     if config.ssd_dirs:
         slot = None if geometry is None else geometry.slot_bytes
         per_rank = placement.per_store(config.ssd_bytes)
-        found = check_ssd_tier(config.ssd_dirs, per_rank, slot, ranks=range(engine.tp_size))
+        found = check_ssd_tier(config.ssd_dirs, per_rank, slot, ranks=placement.store_ranks())
         lines.append(f"{found.describe()}; I/O: {describe_backend(config.ssd_io)}")
     if config.remote_url:
         lines.append(remote_tier.check_store(config))

@@ -88,9 +88,10 @@ _METRICS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         },
     ),
     "vllm:miniflex_remote_puts": (
-        "Write-through chunks, as the workers' puts ended: acknowledged by the store, held by "
-        "it already (not sent), failed (refused or unreachable), or dropped unsent because "
-        "remote_write_backlog was full. The local tiers keep every chunk that was not put.",
+        "Remote puts, as the workers' puts ended (one per TP rank that puts its shard of a "
+        "chunk): acknowledged by the store, held by it already (not sent), failed (refused, "
+        "unreachable, or their job failed), or dropped unsent because remote_write_backlog "
+        "was full.",
         ("outcome",),
         {
             "remote_puts_acked": ("acked",),

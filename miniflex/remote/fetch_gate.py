@@ -14,8 +14,10 @@ thread waits, before each put, until no fetch is in flight::
     gate.wait_idle(lambda: closed)  # RemoteUploader, before a put
 
 Puts then go out between loads. A rank that loads without pause holds its puts back
-until its write-back buffer (``remote_write_backlog``) fills and new puts are
-dropped and counted: the local tiers still hold those chunks.
+until its buffer of put copies (``remote_write_backlog``) fills and new puts are
+dropped and counted: the local tiers still hold those chunks. Only write-through waits
+(:class:`~miniflex.remote.tier.WorkerRemote`): write-back puts chunks the CPU tier has
+evicted, which a dropped put would lose.
 """
 
 from __future__ import annotations

@@ -101,13 +101,20 @@ class WorkerRemote:
     """One rank's side of the remote tier: fetches, write-through puts, the start-up probe."""
 
     def __init__(
-        self, store: RemoteStore, write_backlog: int | None, fetch_streams: int = 1
+        self,
+        store: RemoteStore,
+        write_backlog: int | None,
+        fetch_streams: int = 1,
+        loads_first: bool = True,
     ) -> None:
-        """``write_backlog``: bytes of write-through copies that may wait (None: no puts);
-        ``fetch_streams``: a load's fetches in flight at once."""
+        """``write_backlog``: bytes of put copies that may wait (None: no puts);
+        ``fetch_streams``: a load's fetches in flight at once; ``loads_first``: puts wait
+        for this rank's fetches (write-through, whose chunks the local tiers keep; not
+        write-back, whose puts are of chunks the CPU tier evicted)."""
         self.store = store
         self._write_backlog = write_backlog
         self._streams = fetch_streams
+        self._loads_first = loads_first
         self.fetcher: RemoteFetcher | None = None
         self.uploader: RemoteUploader | None = None
         self._pool: HostPool | None = None
@@ -121,14 +128,15 @@ class WorkerRemote:
         puts = config.remote_write != "off"
         backlog = config.remote_write_backlog if puts else None
         streams = config.remote_fetch_streams or auto_fetch_streams(os.cpu_count())
-        return cls(store, backlog, streams)
+        return cls(store, backlog, streams, loads_first=config.remote_write == "through")
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
         self._pool = pool
         self.fetcher = RemoteFetcher(self.store, pool, self._streams)
-        if self._write_backlog is not None:  # puts wait for this rank's fetches
-            self.uploader = RemoteUploader(self.store, self._write_backlog, self.fetcher.gate)
+        if self._write_backlog is not None:
+            gate = self.fetcher.gate if self._loads_first else None
+            self.uploader = RemoteUploader(self.store, self._write_backlog, gate)
         return self.fetcher
 
     def probe(self) -> float | None:
@@ -148,6 +156,8 @@ class WorkerRemote:
         at once when there is nothing to put (a failed job, no uploader). Until then the
         caller keeps those slots unchanged."""
         if not job.puts or self.uploader is None or not result.ok or self._pool is None:
+            if job.puts and self.uploader is not None:  # the job failed: nothing to put
+                self.uploader.not_put(len(job.puts))
             copied()
             return
         pool = self._pool

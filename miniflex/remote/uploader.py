@@ -144,7 +144,13 @@ class RemoteUploader:
                 self._copies.append((chunks, copied))
                 self._cond.notify_all()
                 return
+            self._counts["offered"] += len(chunks)
+            self._counts["dropped"] += len(chunks)
         copied()
+
+    def not_put(self, chunks: int) -> None:
+        """``chunks`` meant for puts never reached the uploader (their job failed)."""
+        self._count(offered=chunks, failed=chunks)
 
     def offer(self, key: ChunkKey, data: np.ndarray | memoryview) -> bool:
         """Queue a copy of ``data`` for a put under ``key``, copied on this thread; False:
@@ -172,7 +178,14 @@ class RemoteUploader:
                         self._buffers.max_bytes,
                     )
                 return False
-        copy_into(buf, 0, data)  # outside the lock, and the interpreter's (bytecopy.py)
+        try:
+            copy_into(buf, 0, data)  # outside the lock, and the interpreter's (bytecopy.py)
+        except Exception as exc:  # the buffer goes back; the chunk is not put
+            logger.error("MiniFlex: a remote put's copy failed: %s", exc)
+            with self._cond:
+                self._buffers.give_back(buf)
+                self._counts["failed"] += 1
+            return False
         with self._cond:
             self._queue.append((key, buf))
             self._cond.notify_all()
@@ -265,10 +278,12 @@ class RemoteUploader:
                 continue
             if self._gate is not None:
                 self._gate.wait_idle(lambda: self._closed)  # loads first
-            if self.store.put(key, memoryview(data)):
-                put += 1
-            else:
-                failed += 1
+            try:
+                ok = self.store.put(key, memoryview(data))
+            except Exception as exc:  # one chunk lost, the rest of the batch still goes
+                logger.error("MiniFlex remote put failed: %s", exc)
+                ok = False
+            put, failed = put + ok, failed + (not ok)
         self._count(put=put, failed=failed, skipped=sum(held))
 
     def _count(self, **deltas: int) -> None:

@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("redis")
 
-from miniflex.plan import RemoteCopy
+from miniflex.plan import JobId, JobKind, JobResult, RemoteCopy, TransferJob
 from miniflex.pool import HostPool
 from miniflex.remote.fetch_gate import FetchGate
 from miniflex.remote.local_server import LocalServer
 from miniflex.remote.tier import WorkerRemote
 from miniflex.remote.uploader import RemoteUploader
-from miniflex.types import SlotId
+from miniflex.types import ReqId, SlotId
 from tests.remote.conftest import NEEDS_SERVER, key, payload, store
 
 pytestmark = NEEDS_SERVER
@@ -130,4 +130,54 @@ def test_a_ranks_fetch_holds_back_its_own_write_through(
     assert fetched and fetched[0][0] == set()
     assert remote.uploader.flush(10) and remote.store.get(key(6)) == chunk(6).tobytes()
     assert fetcher.pool.slot(SlotId(0)).tobytes() == chunk(5).tobytes()
+    remote.close()
+
+
+def test_a_put_that_raises_loses_its_chunk_and_no_other(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One chunk's put raising mid-batch: the others are put and counted, that one failed."""
+    up = RemoteUploader(store(server.url), max_bytes=8 * CHUNK)
+    real = type(up.store).put
+
+    def flaky(s: object, k: object, data: object) -> bool:
+        if k == key(21):
+            raise ConnectionError("reset by peer")
+        return real(s, k, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(up.store), "put", flaky)
+    with FetchGate().fetching():  # a gate of its own: not this uploader's, nothing waits
+        for i in (20, 21, 22):
+            assert up.offer(key(i), chunk(i))
+    assert up.flush(10)
+    out = up.take_outcome()
+    assert (out.acked, out.failed, out.dropped) == (2, 1, 0)
+    assert up.store.get(key(22)) == chunk(22).tobytes() and up.take_outcome().acked == 0
+    up.close()
+
+
+def test_write_back_puts_never_wait_for_fetches(server: LocalServer) -> None:
+    """Write-back puts chunks the CPU tier evicted: a dropped one would be lost, so they go
+    out while the rank fetches."""
+    remote = WorkerRemote(store(server.url), write_backlog=8 * CHUNK, loads_first=False)
+    fetcher = remote.bind(HostPool(2, CHUNK))
+    assert remote.uploader is not None
+    with fetcher.gate.fetching():
+        assert remote.uploader.offer(key(30), chunk(30))
+        assert remote.uploader.flush(10)
+    remote.close()
+
+
+def test_the_puts_of_a_failed_store_job_are_counted_failed(server: LocalServer) -> None:
+    """A STORE that failed copied nothing into its slots: its puts are not made, and the
+    report says so (the slots are given back at once)."""
+    remote = WorkerRemote(store(server.url), write_backlog=8 * CHUNK)
+    remote.bind(HostPool(2, CHUNK))
+    puts = (RemoteCopy(key(40), SlotId(0)), RemoteCopy(key(41), SlotId(1)))
+    job = TransferJob(JobId(1), ReqId("r"), JobKind.STORE, (), remote=puts)
+    released = threading.Event()
+    remote.finished(job, JobResult(JobId(1), ReqId("r"), JobKind.STORE, False), released.set)
+    assert released.is_set()
+    out = remote.take_outcome()
+    assert (out.acked, out.failed) == (0, 2) and remote.store.get(key(40)) is None
     remote.close()

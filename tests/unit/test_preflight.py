@@ -160,6 +160,7 @@ def test_cpu_bytes_must_hold_one_chunk_of_this_model(
 
 MLA = TINY | {
     "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
     "kv_lora_rank": 512,
     "qk_rope_head_dim": 64,
     "qk_nope_head_dim": 32,
@@ -179,6 +180,31 @@ def test_an_mla_chunk_is_one_latent_vector_a_token_in_one_pool(tmp_path: Path, t
         str(tmp_path), config(cpu_bytes=288 * KIB), EngineArgs.from_cli(args)
     )
     assert "holds 1 of them" in lines[0]
+
+
+@pytest.mark.parametrize("kind", ["minicpm3", "mla_disabled"])
+def test_kv_lora_rank_alone_is_not_mla(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A model type vLLM does not run as MLA (MiniCPM3's), or any with VLLM_MLA_DISABLE=1,
+    caches K and V of its KV heads: 2 heads of 64, 128 KiB a chunk, as the Llama's."""
+    cfg = MLA | {"model_type": "minicpm3"} if kind == "minicpm3" else MLA
+    if kind == "mla_disabled":
+        monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    err = refused(tmp_path, config(cpu_bytes=128 * KIB - 4096), "--block-size", "32")
+    assert "2 KV heads of 64" in str(err) and "to at least 128" in str(err)
+
+
+def test_an_mla_models_ssd_tier_is_one_file_whatever_the_tp_size(
+    tmp_path: Path, mount_fs: MountFS
+) -> None:
+    """Rank 0 alone writes an MLA model's chunks: ``ssd_bytes`` is one file, not one a rank."""
+    (tmp_path / "config.json").write_text(json.dumps(MLA))
+    cfg = config(cpu_bytes="1MiB", ssd_dirs=str(mount_fs(8)), ssd_bytes="4MiB")
+    args = EngineArgs.from_cli(("--block-size", "32", "-tp", "2"))
+    lines = check_before_start(str(tmp_path), cfg, args)
+    assert "SSD tier: a 3.94 MiB file in each of" in lines[1]  # whole slots of 288 KiB
 
 
 def test_serve_checks_ssd_dirs_with_the_model_chunk(model: Path, mount_fs: MountFS) -> None:
