@@ -2,11 +2,10 @@
 
 A fetch is on a request's critical path (its TTFT waits for it); a put is not (the
 local tiers hold the chunk meanwhile). Both share the store's servers, the host's
-network stack and the interpreter, so puts sent beside a fetch slow it: on the H100,
-a 128k-token prompt's fetch took 2.3x as long while the same engine was still
-putting the 18 GiB of the prompt it had computed just before (docs/benchmarks.md,
-"remote"). The fetcher holds the gate open for each fetch; the uploader's put
-thread waits, before each put, until no fetch is in flight::
+network stack and the interpreter, so puts sent beside a fetch slow it
+(docs/benchmarks.md, "remote" and "Components", has the figures). The fetcher holds
+the gate open for each fetch; the uploader's put thread waits, before each put, until
+no fetch is in flight::
 
     gate = FetchGate()
     with gate.fetching():           # RemoteFetcher.fetch
