@@ -47,15 +47,13 @@ def auto_fetch_streams(cpus: int | None) -> int:
 class RemoteFetcher:
     """Fetches chunks from one shard's store into this rank's CPU pool."""
 
-    def __init__(
-        self, store: RemoteStore, pool: HostPool, streams: int = 1, gate: FetchGate | None = None
-    ) -> None:
-        """``streams``: fetches in flight at once (1: one after another, on this thread);
-        ``gate``: held for each fetch, so that this rank's puts wait (None: a gate of its own)."""
+    def __init__(self, store: RemoteStore, pool: HostPool, streams: int = 1) -> None:
+        """``streams``: fetches in flight at once (1: one after another, on this thread)."""
         self.store = store
         self.pool = pool
         self.streams = streams
-        self.gate = gate or FetchGate()
+        self.gate = FetchGate()
+        """Held for each fetch: this rank's uploader, given it, waits for the fetches."""
         self._threads = (
             ThreadPoolExecutor(streams, thread_name_prefix="miniflex-fetch")
             if streams > 1

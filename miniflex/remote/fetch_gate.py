@@ -38,9 +38,7 @@ class FetchGate:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._fetching = 0
-        self.waited_s = 0.0
-        """Seconds puts spent waiting for fetches, in all."""
-        self._taken_s = 0.0  # waited_s as of the last take_waited()
+        self._waited_s = 0.0  # seconds puts waited for fetches since the last take_waited()
 
     @contextmanager
     def fetching(self) -> Iterator[None]:
@@ -62,11 +60,11 @@ class FetchGate:
             while self._fetching and not stop():
                 self._cond.wait(POLL_S)
             waited = time.perf_counter() - t0
-            self.waited_s += waited
+            self._waited_s += waited
         return waited
 
     def take_waited(self) -> float:
         """Seconds puts waited since the last call."""
         with self._cond:
-            out, self._taken_s = self.waited_s - self._taken_s, self.waited_s
+            out, self._waited_s = self._waited_s, 0.0
         return out
