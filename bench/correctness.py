@@ -61,7 +61,9 @@ def write_model(kind: str, root: Path) -> Path:
     return write_tiny_model(root / "llama")
 
 
-def generate(llm: Any, tokens: list[int], n: int) -> tuple[Output, int]:
+def generate(llm: Any, tokens: list[int], n: int) -> tuple[Output, Any]:
+    """Greedy, top-5 logprobs: the output, and vLLM's own (its ``num_cached_tokens``, and
+    MiniFlex's ``kv_transfer_params``)."""
     from vllm import SamplingParams
 
     sp = SamplingParams(
@@ -70,7 +72,7 @@ def generate(llm: Any, tokens: list[int], n: int) -> tuple[Output, int]:
     out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
     comp = out.outputs[0]
     lps = [{k: v.logprob for k, v in d.items()} for d in comp.logprobs]
-    return (list(comp.token_ids), lps), out.num_cached_tokens or 0
+    return (list(comp.token_ids), lps), out
 
 
 def compare(a: Output, b: Output) -> tuple[int, float]:
@@ -110,9 +112,11 @@ def measure(model: Path, kind: str, tp: int, args: argparse.Namespace) -> dict[s
             while not llm.reset_prefix_cache(reset_connector=True):
                 time.sleep(0.05)
             cold, _ = generate(llm, p, args.tokens)
-            apc, row["vllm_hit_tokens"] = generate(llm, p, args.tokens)
+            apc, raw = generate(llm, p, args.tokens)
+            row["vllm_hit_tokens"] = raw.num_cached_tokens or 0
             offline_llm.evict_gpu_prefix_cache(llm)
-            mf, row["miniflex_hit_tokens"] = generate(llm, p, args.tokens)
+            mf, raw = generate(llm, p, args.tokens)
+            row["miniflex_hit_tokens"] = raw.num_cached_tokens or 0
             pairs["vllm_hit_vs_cold"].append(compare(apc, cold))
             pairs["miniflex_hit_vs_cold"].append(compare(mf, cold))
             pairs["miniflex_vs_vllm_hit"].append(compare(mf, apc))

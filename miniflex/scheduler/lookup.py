@@ -128,7 +128,7 @@ class HitLookup:
     def _instep(self, tiers: list[Tier]) -> int:
         """How many leading chunks a load inside the step may take, SSD reads included: as
         many as CPU slots can take now (0: no SSD chunk, or workers that cannot read from SSD
-        in a step: a replicated pool, ``ssd_stream_bytes=0``)."""
+        in a step: a pool several TP ranks share, ``ssd_stream_bytes=0``)."""
         if not self.tiers.stream_slots or Tier.SSD not in tiers:
             return 0
         local = tiers.index(Tier.REMOTE) if Tier.REMOTE in tiers else len(tiers)
