@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from miniflex.config import MiniFlexConfig
 from miniflex.keys import Namespace
-from miniflex.plan import JobResult, PutOutcome, TransferJob
+from miniflex.plan import JobResult, PutOutcome, RemoteCopy, TransferJob
 from miniflex.pool import HostPool
 from miniflex.ranks import TPPlacement
 from miniflex.remote import RemoteStore, open_remote_store
@@ -34,9 +34,19 @@ from miniflex.remote.lookup import RemoteLookup
 from miniflex.remote.probe import probe_fetch_bandwidth
 from miniflex.remote.uploader import RemoteUploader
 
-__all__ = ["WorkerRemote", "check_store", "open_checked", "open_lookup"]
+__all__ = ["PUT_GROUP", "WorkerRemote", "check_store", "open_checked", "open_lookup", "put_groups"]
 
 logger = logging.getLogger("miniflex.remote")
+
+PUT_GROUP = 16
+"""Chunks of a job copied for their puts per hand-off: the slots of each group may be
+overwritten as soon as that group is copied, not once the whole job is (a step of a long
+prompt stores thousands of chunks; a load into one of its slots waited for all of them)."""
+
+
+def put_groups(puts: Sequence[RemoteCopy]) -> list[tuple[RemoteCopy, ...]]:
+    """A job's puts in hand-offs of :data:`PUT_GROUP` chunks, in order."""
+    return [tuple(puts[i : i + PUT_GROUP]) for i in range(0, len(puts), PUT_GROUP)]
 
 
 def open_checked(config: MiniFlexConfig, namespace_digest: bytes) -> RemoteStore | None:
@@ -150,18 +160,25 @@ class WorkerRemote:
         )
         return bps
 
-    def finished(self, job: TransferJob, result: JobResult, copied: Callable[[], None]) -> None:
+    def finished(
+        self, job: TransferJob, result: JobResult, copied: Sequence[Callable[[], None]]
+    ) -> None:
         """A job with puts was reported (a STORE's write-through, a DEMOTE's write-back): its
-        slots are copied for the puts on the uploader's copy thread, then ``copied`` is called;
-        at once when there is nothing to put (a failed job, no uploader). Until then the
-        caller keeps those slots unchanged."""
+        slots are copied for the puts on the uploader's copy thread, group by group
+        (:func:`put_groups`, one callback of ``copied`` each, called once the group is
+        copied); every callback at once when there is nothing to put (a failed job, no
+        uploader). Until its callback the caller keeps a group's slots unchanged."""
         if not job.puts or self.uploader is None or not result.ok or self._pool is None:
             if job.puts and self.uploader is not None:  # the job failed: nothing to put
                 self.uploader.not_put(len(job.puts))
-            copied()
+            for done in copied:
+                done()
             return
         pool = self._pool
-        self.uploader.offer_later([(c.key, pool.slot(c.cpu)) for c in job.puts], copied)
+        groups = [[(c.key, pool.slot(c.cpu)) for c in group] for group in put_groups(job.puts)]
+        assert len(groups) == len(copied), "one callback per group of puts"
+        for group, done in zip(groups, copied, strict=True):  # nothing left to raise
+            self.uploader.offer_later(group, done)
 
     def take_outcome(self) -> PutOutcome:
         """What this rank's puts came to since the last call (nothing without puts)."""

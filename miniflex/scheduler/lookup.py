@@ -154,7 +154,7 @@ class HitLookup:
         if (
             self.tiers.ssd is None
             or end >= len(keys)
-            or not self.tiers.writeback.landing(keys[end])  # a dict lookup: first, on every lookup
+            or not self.tiers.landing(keys[end])  # a dict lookup: first, on every lookup
             or not self.tiers.disk_keeps_up
         ):
             st.landing_since = None

@@ -323,6 +323,11 @@ class TierStack:
         """Chunks on their way to SSD, not reported written yet."""
         return self.writeback.backlog
 
+    def landing(self, key: ChunkKey) -> bool:
+        """Whether ``key`` is on its way to SSD with no copy readable anywhere meanwhile (its
+        CPU slot was reclaimed before the write was reported): a lookup may wait for it."""
+        return self.writeback.landing(key)
+
     @property
     def disk_keeps_up(self) -> bool:
         """Whether SSD writes a chunk faster than recomputing one takes, as seen so far."""

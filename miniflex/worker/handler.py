@@ -64,10 +64,16 @@ from miniflex.layout import KVLayout
 from miniflex.plan import JobKind, JobResult, LoadProbe, PutOutcome, TransferJob, TransferPlan
 from miniflex.pool import HostPool
 from miniflex.ranks import RankSetup
-from miniflex.remote.tier import WorkerRemote
+from miniflex.remote.tier import WorkerRemote, put_groups
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
-from miniflex.worker.job_runner import QueuedJob, execute, fail_unreported, failed_result
+from miniflex.worker.job_runner import (
+    QueuedJob,
+    execute,
+    fail_unreported,
+    failed_result,
+    resolver,
+)
 from miniflex.worker.lanes import Lane
 from miniflex.worker.load_reads import LoadReads
 from miniflex.worker.probe import probe_rank
@@ -214,10 +220,13 @@ class MiniFlexHandler:
             fut: Future[JobResult] = Future()
             self._pending.setdefault(job.req_id, []).append(fut)
             puts = bool(job.puts) and self._remote is not None and self._writes
-            item = QueuedJob(job, fence, fut, copied=Future() if puts else None)
+            copied = tuple(Future() for _ in put_groups(job.puts)) if puts else ()
+            item = QueuedJob(job, fence, fut, copied=copied)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 self._guard.hold((c.cpu for c in job.demotions), fut)
-                self._guard.hold((c.cpu for c in job.remote), item.copied or fut)
+                if not copied:
+                    self._guard.hold((c.cpu for c in job.remote), fut)
+                self._hold_puts(item)
                 self._ssd_write.submit(item)
             elif job.reads or job.streams:  # read into slots once written back, then copy
                 reads = {c.cpu for c in job.reads}
@@ -226,11 +235,16 @@ class MiniFlexHandler:
                 fut.set_result(failed_result(job, TransferError(_OVER_FAILED), time.perf_counter()))
             elif job.kind is JobKind.STORE:
                 self._guard.after({c.slot for c in job.chunks}, lambda i=item: stores.add(i))
-                if item.copied is not None:  # after: the store must not wait for its own copies
-                    self._guard.hold((c.cpu for c in job.remote), item.copied)
+                self._hold_puts(item)  # after: the store must not wait for its own copies
             else:
                 self._load.submit(item)
         stores.close()
+
+    def _hold_puts(self, item: QueuedJob) -> None:
+        """Register each group of the job's puts against its slots until it is copied."""
+        if item.copied:
+            for group, copied in zip(put_groups(item.job.puts), item.copied, strict=True):
+                self._guard.hold((c.cpu for c in group), copied)
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` runs: order it after this step's loads."""
@@ -299,19 +313,17 @@ class MiniFlexHandler:
         """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
         one: the next store would wait) copies their slots, then resolves ``item.copied``."""
         item.done.set_result(res)
-        if (copied := item.copied) is None:
+        if not item.copied:
             return
         assert self._remote is not None
 
-        def done() -> None:
-            if not copied.done():
-                copied.set_result(res)
-
+        callbacks = [resolver(copied, res) for copied in item.copied]
         try:
-            self._remote.finished(item.job, res, done)
+            self._remote.finished(item.job, res, callbacks)
         except Exception as exc:  # the worker boundary: the puts are lost, nothing else
             logger.error("MiniFlex: the puts of job %d were not queued: %s", item.job.job_id, exc)
-            done()
+            for done in callbacks:
+                done()
 
     def take_thread_cpu(self) -> float:
         """CPU seconds MiniFlex's lanes spent on jobs since the last call (waits excluded)."""

@@ -10,9 +10,11 @@ gpu-store lane copies a plan's stores in one call (``store_batch.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 from miniflex.errors import TransferError
@@ -21,7 +23,7 @@ from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 
-__all__ = ["Promoted", "QueuedJob", "execute", "fail_unreported", "failed_result"]
+__all__ = ["Promoted", "QueuedJob", "execute", "fail_unreported", "failed_result", "resolver"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +43,21 @@ class QueuedJob:
     """Resolved with the job's report when it has run (or failed)."""
     promoted: Promoted | None = None
     """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
-    copied: Future[JobResult] | None = None
-    """A job with remote puts (STORE, DEMOTE): done once its slots are copied for the puts,
-    on the uploader's copy thread (the job itself is reported before that, see
-    :class:`~miniflex.worker.slot_guard.SlotGuard`)."""
+    copied: tuple[Future[JobResult], ...] = ()
+    """A job with remote puts (STORE, DEMOTE): one future per group of its puts
+    (:func:`~miniflex.remote.tier.put_groups`), done once that group's slots are copied for
+    the puts, on the uploader's copy thread (the job itself is reported before that, see
+    :class:`~miniflex.worker.slot_guard.SlotGuard`); empty without puts."""
+
+
+def resolver(future: Future[JobResult], res: JobResult) -> Callable[[], None]:
+    """A callback that resolves ``future`` with ``res`` (once: later calls do nothing)."""
+
+    def resolve() -> None:
+        with contextlib.suppress(InvalidStateError):  # resolved already, on another thread
+            future.set_result(res)
+
+    return resolve
 
 
 def failed_result(job: TransferJob, exc: Exception, t0: float, io: str = "") -> JobResult:
@@ -60,7 +73,10 @@ def fail_unreported(item: QueuedJob, exc: Exception) -> None:
     """Report a job whose lane's run raised (a bug) failed, unless it was reported, so that
     nothing waits for it forever."""
     if not item.done.done():
-        item.done.set_result(failed_result(item.job, exc, time.perf_counter()))
+        res = failed_result(item.job, exc, time.perf_counter())
+        item.done.set_result(res)
+        for copied in item.copied:  # never handed to the uploader: nothing reads the slots
+            resolver(copied, res)()
 
 
 def unread(job: TransferJob, failed_keys: set[ChunkKey]) -> tuple[set[SlotId], list[BlockId]]:

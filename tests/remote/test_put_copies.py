@@ -14,6 +14,7 @@ pytest.importorskip("redis")
 
 from miniflex.config import MiniFlexConfig
 from miniflex.plan import ChunkMove, JobId, JobKind, RemoteCopy, TransferJob, TransferPlan
+from miniflex.remote import tier
 from miniflex.remote.local_server import LocalServer
 from miniflex.remote.tier import WorkerRemote
 from miniflex.remote.uploader import RemoteUploader
@@ -120,3 +121,46 @@ def test_the_next_store_does_not_wait_for_the_previous_stores_put_copies(
         gate.set()
     h.drain()
     assert seen == [h._pool.slot(SlotId(0)).tobytes(), h._pool.slot(SlotId(1)).tobytes()]
+
+
+def test_a_slot_is_free_to_overwrite_once_its_group_of_puts_is_copied(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt's step stores thousands of chunks in one job: a fetch into the slot of
+    one copied early must not wait for the copies of the rest of the job."""
+    h = handler
+    assert h._pool is not None and h._remote is not None
+    monkeypatch.setattr(tier, "PUT_GROUP", 1)
+    for k in (ChunkKey(7), ChunkKey(8)):  # two chunks another engine stored
+        assert h._remote.store.put(k, payload(h._pool.slot_bytes, seed=k))
+    let_through, seen = threading.Semaphore(0), {}
+    real = RemoteUploader._copy
+
+    def one_at_a_time(self: RemoteUploader, key: ChunkKey, data: np.ndarray) -> bool:
+        assert let_through.acquire(timeout=10), "the test never let this copy through"
+        seen[key] = np.asarray(data).tobytes()
+        return real(self, key, data)
+
+    monkeypatch.setattr(RemoteUploader, "_copy", one_at_a_time)
+    chunks = (ChunkMove(SlotId(0), (BlockId(0),)), ChunkMove(SlotId(1), (BlockId(1),)))
+    puts = (RemoteCopy(ChunkKey(1000), SlotId(0)), RemoteCopy(ChunkKey(1001), SlotId(1)))
+    try:
+        run_plan(h, 1, TransferJob(JobId(0), ReqId("a"), JobKind.STORE, chunks, remote=puts))
+        h.release_when_saved(TransferPlan(jobs=(), step=1, release=(ReqId("a"),)))
+        wait_until(lambda: ReqId("a") in h.poll()[0], "the store's report")
+        let_through.release()  # slot 0's copy only
+        wait_until(lambda: list(seen) == [ChunkKey(1000)], "slot 0's copy")
+        slot1 = h._pool.slot(SlotId(1)).tobytes()
+        run_plan(
+            h,
+            2,
+            move_job(1, "b", JobKind.LOAD, block=4, slot=0, key=7),
+            move_job(2, "c", JobKind.LOAD, block=5, slot=1, key=8),
+        )
+        wait_until(lambda: h.in_flight(ReqId("b")) == 0, "the fetch into slot 0")
+        assert h.in_flight(ReqId("c")) == 1, "slot 1 overwritten before its copy"
+    finally:
+        let_through.release(2)
+    h.drain()
+    assert seen[ChunkKey(1001)] == slot1, "slot 1 was copied for its put after a fetch into it"
+    assert h._pool.slot(SlotId(1)).tobytes() == payload(h._pool.slot_bytes, seed=ChunkKey(8))

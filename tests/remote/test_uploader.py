@@ -176,7 +176,7 @@ def test_the_puts_of_a_failed_store_job_are_counted_failed(server: LocalServer) 
     puts = (RemoteCopy(key(40), SlotId(0)), RemoteCopy(key(41), SlotId(1)))
     job = TransferJob(JobId(1), ReqId("r"), JobKind.STORE, (), remote=puts)
     released = threading.Event()
-    remote.finished(job, JobResult(JobId(1), ReqId("r"), JobKind.STORE, False), released.set)
+    remote.finished(job, JobResult(JobId(1), ReqId("r"), JobKind.STORE, False), [released.set])
     assert released.is_set()
     out = remote.take_outcome()
     assert (out.acked, out.failed) == (0, 2) and remote.store.get(key(40)) is None
