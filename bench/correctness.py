@@ -33,6 +33,8 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +160,22 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, s
                 if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                     cores = sorted(os.sched_getaffinity(0))[:tp]
                     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, cores))
-                try:
-                    rows.append(measure(model, kind, tp, args))
-                except Exception as e:  # one engine that cannot start leaves the rest to run
-                    not_run[f"{kind} tp={tp}"] = f"{type(e).__name__}: {e}"
-                    print(f"[correctness] {kind} tp={tp} failed: {e}", file=sys.stderr)
-                    continue
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                run_one(rows, not_run, f"{kind} tp={tp}", partial(measure, model, kind, tp, args))
     return rows, not_run
+
+
+def run_one(
+    rows: list[dict[str, Any]], not_run: dict[str, str], name: str, row: Callable[[], dict]
+) -> None:
+    """Append ``row()`` to ``rows``, or say in ``not_run`` why it failed: one engine that
+    cannot start leaves the rest to run."""
+    try:
+        rows.append(row())
+    except Exception as e:
+        not_run[name] = f"{type(e).__name__}: {e}"
+        print(f"[{Path(sys.argv[0]).stem}] {name} failed: {e}", file=sys.stderr)
+        return
+    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,8 @@ def test_every_panel_draws_against_a_live_server(scraped: tuple[str, Prometheus]
         assert hit_rate[(tier,)] > 0, hit_rate
         assert tier_bytes[(tier, "read")] > 0 and tier_bytes[(tier, "write")] > 0, tier_bytes
     assert first_query(drawn["Load vs recompute"], "choice")[("load",)] > 0
+    puts = first_query(drawn["Remote puts by outcome"], "outcome")
+    assert puts[("acked",)] > 0 and puts[("failed",)] == 0, puts  # every label from the start
     assert first_query(drawn["Write-back backlog"]) == {(): 0}  # idle: every write reported
 
 

@@ -37,7 +37,9 @@ def test_mla_hits_from_cpu_ssd_and_remote_equal_the_reference(
     row = tier_correctness.measure(model, "mla", "auto", redis_server.url, args)
     for tier in tier_correctness.TIERS:
         assert row[f"{tier}_served_from_it"], (tier, row[f"{tier}_hits_by_tier"])
-        assert row[f"{tier}_hit_covers_reference"], (tier, row[f"{tier}_hits_by_tier"])
+        assert row[f"{tier}_hit_covers_prompt"], (tier, row[f"{tier}_hits_by_tier"])
+        if tier == row["reference"]:
+            continue  # the CPU tier's hit is the reference itself: checked against cold below
         assert row[f"{tier}_vs_reference_mismatches"] == 0, row
         assert row[f"{tier}_vs_reference_max_dlogprob"] == 0.0, row
     assert row["reference_vs_cold_max_dlogprob"] <= COLD_TOL  # up to a first mismatch (a tie)
