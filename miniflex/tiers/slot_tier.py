@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from miniflex.index import HashIndex, compile_kernels, keys_to_array, make_policy
 from miniflex.types import ChunkKey, SlotId, Tier
 
-__all__ = ["SlotTier", "TierUsage"]
+__all__ = ["Keeper", "SlotTier", "TierUsage"]
 
 
 @dataclass(frozen=True)
@@ -40,29 +41,33 @@ class TierUsage:
     evictions: int
 
 
+class Keeper(Protocol):
+    """Whoever writes a tier's evicted chunks to another tier (the hierarchy's write-back,
+    :class:`~miniflex.tiers.writeback.WriteBack`), asked while a call makes room. It is
+    passed to each call that may evict (:meth:`SlotTier.prepare_store`,
+    :meth:`SlotTier.evict_one`); the tier holds no reference to it."""
+
+    def keep(self, key: ChunkKey, slot: SlotId) -> bool:
+        """Making room evicts ``key`` from ``slot``. False: the slot goes to its new owner at
+        once. True: the chunk is being written to another tier; it stays resident and
+        readable, pinned, until :meth:`SlotTier.finish_eviction`, and making room goes on
+        with the next victim."""
+        ...
+
+    def reclaim(self, tier: SlotTier, force: bool) -> bool:
+        """No slot of ``tier`` is free: free the slot of a kept chunk
+        (:meth:`SlotTier.release_kept`) and say True, or False to evict as usual. Asked
+        before each victim; when nothing is left to evict, asked again with ``force`` True:
+        a kept chunk's slot is then the only way not to lose the chunk being placed."""
+        ...
+
+
 class SlotTier:
     """Slot allocator + index + eviction policy for one tier (CPU pool or SSD file)."""
 
-    def __init__(
-        self,
-        tier: Tier,
-        num_slots: int,
-        policy: str = "lru",
-        on_evict: Callable[[ChunkKey, SlotId], bool] | None = None,
-        reclaim: Callable[[bool], bool] | None = None,
-    ) -> None:
-        """``on_evict(key, slot)`` is called when making room evicts a resident chunk. False:
-        the slot is handed to its new owner at once. True: the chunk is being written to
-        another tier; it stays resident and readable, pinned, until :meth:`finish_eviction`,
-        and making room goes on with the next victim (the hierarchy's write-back).
-        ``reclaim(force)``, asked before each victim is evicted when no slot is free, may
-        free the slot of such a kept chunk (see :meth:`release_kept`); False: evict as
-        usual. When nothing is left to evict it is asked again with ``force`` True: a kept
-        chunk's slot is then the only way not to lose the chunk being placed."""
+    def __init__(self, tier: Tier, num_slots: int, policy: str = "lru") -> None:
         assert num_slots > 0, "a tier needs at least one slot"
         self.tier = tier
-        self._on_evict = on_evict
-        self._reclaim = reclaim
         self.num_slots = num_slots
         compile_kernels()  # once per process: no serving step compiles one later
         self._index = HashIndex(max_entries=num_slots)
@@ -118,7 +123,7 @@ class SlotTier:
 
     # ---- stores ----
     def prepare_store(
-        self, keys: Sequence[ChunkKey], cold_from: int | None = None
+        self, keys: Sequence[ChunkKey], cold_from: int | None = None, keeper: Keeper | None = None
     ) -> list[tuple[ChunkKey, SlotId]]:
         """Allocate and pin slots for the ``keys`` not already resident or being stored.
 
@@ -128,7 +133,8 @@ class SlotTier:
         (generated tokens, which few later prompts repeat) are placed at the cold
         end of the eviction order (:meth:`EvictionPolicy.touch_cold`): they stay
         while there is room and are the first to go, so they never push out a
-        prompt another request may hit. A later hit warms them like any chunk.
+        prompt another request may hit. A later hit warms them like any chunk. ``keeper``
+        decides what happens to each chunk evicted for room (None: it is dropped).
         """
         cold = len(keys) if cold_from is None else max(0, cold_from)
         self.touch(keys[:cold])
@@ -136,7 +142,7 @@ class SlotTier:
         for i, key in enumerate(keys):
             if key in self._index or key in self._storing:
                 continue
-            slot = self._allocate()
+            slot = self._allocate(keeper)
             if slot is None:
                 break
             self._storing[key] = (slot, self._generation)
@@ -223,7 +229,7 @@ class SlotTier:
         )
 
     def finish_eviction(self, slot: SlotId) -> None:
-        """The chunk ``on_evict`` kept in ``slot`` was written elsewhere (or failed to be):
+        """The chunk a keeper kept in ``slot`` was written elsewhere (or failed to be):
         drop it here; the slot is freed once no load pins it any more."""
         self._unpublish(slot)
         self._unpin(slot)
@@ -232,18 +238,18 @@ class SlotTier:
     def free_slots(self) -> int:
         return len(self._free)
 
-    def evict_one(self) -> bool:
+    def evict_one(self, keeper: Keeper | None = None) -> bool:
         """Evict the policy's victim ahead of need: its slot is freed, or kept while
-        ``on_evict`` writes the chunk elsewhere. False: nothing is evictable."""
+        ``keeper`` writes the chunk elsewhere. False: nothing is evictable."""
         victim = self._policy.evict()
         if victim is None:
             return False
-        if not self._evict(victim):
+        if not self._evict(victim, keeper):
             self._free.append(victim)
         return True
 
     def release_kept(self, slot: SlotId) -> bool:
-        """Drop the chunk ``on_evict`` kept in ``slot`` now and free the slot (no load may be
+        """Drop the chunk a keeper kept in ``slot`` now and free the slot (no load may be
         reading it); False: a load pins it, the slot stays as it is."""
         self._policy.unpin(slot)
         if self._policy.is_pinned(slot):
@@ -253,26 +259,26 @@ class SlotTier:
         self._release(slot)
         return True
 
-    def _allocate(self) -> SlotId | None:
+    def _allocate(self, keeper: Keeper | None) -> SlotId | None:
         if self._free:
             return self._free.pop()
         while True:  # a kept victim may make a reclaim possible (a full write-back backlog)
-            if self._reclaim is not None and self._reclaim(False):
+            if keeper is not None and keeper.reclaim(self, False):
                 return self._free.pop()
             victim = self._policy.evict()
             if victim is None:
-                forced = self._reclaim is not None and self._reclaim(True)
+                forced = keeper is not None and keeper.reclaim(self, True)
                 return self._free.pop() if forced else None
-            if not self._evict(victim):
+            if not self._evict(victim, keeper):
                 return victim
 
-    def _evict(self, victim: SlotId) -> bool:
-        """Evict ``victim``'s chunk. True: ``on_evict`` keeps the slot (readable, pinned) until
+    def _evict(self, victim: SlotId, keeper: Keeper | None) -> bool:
+        """Evict ``victim``'s chunk. True: ``keeper`` keeps the slot (readable, pinned) until
         it lets go (a write-back); False: the slot is free for the caller."""
         key = self._slot_key[victim]
         assert key is not None and key not in self._storing
         self.evictions += 1
-        if self._on_evict is not None and self._on_evict(key, victim):
+        if keeper is not None and keeper.keep(key, victim):
             self._policy.pin(victim)
             self._policy.touch(victim)
             return True

@@ -109,14 +109,7 @@ class TierStack:
             keep_evictions,
             write_seconds,
         )
-        self.cpu = SlotTier(
-            Tier.CPU,
-            cpu_slots,
-            cpu_policy,
-            on_evict=self.writeback.demote,
-            reclaim=self.writeback.reclaim,
-        )
-        self.writeback.bind(self.cpu)
+        self.cpu = SlotTier(Tier.CPU, cpu_slots, cpu_policy)
 
     # ---- lookups (side-effect free) ----
     def match(self, keys: np.ndarray | Sequence[ChunkKey]) -> int:
@@ -191,7 +184,7 @@ class TierStack:
                 for t in where[i + 1 :]:  # unpin the rest
                     self._tier(t).complete_load([next(pinned[t])], ok=True)
                 break
-        self.writeback.write_ahead()
+        self.writeback.write_ahead(self.cpu)
         return out
 
     def read_slot(
@@ -203,7 +196,7 @@ class TierStack:
         slot after the load's ``streamed`` ones, handed out in turn (with staging slots, and
         ``stream``). None: neither, and the load ends before ``key``."""
         if held < self.max_load_chunks or not self.stream_slots:
-            placed = self.cpu.prepare_store([key])
+            placed = self.cpu.prepare_store([key], keeper=self.writeback)
             if placed:
                 return placed[0][1], False
         if self.stream_slots and stream:
@@ -288,8 +281,8 @@ class TierStack:
         self, keys: Sequence[ChunkKey], cold_from: int | None = None
     ) -> list[tuple[ChunkKey, SlotId]]:
         """CPU slots for ``keys`` (see :meth:`SlotTier.prepare_store`)."""
-        placed = self.cpu.prepare_store(keys, cold_from)
-        self.writeback.write_ahead()
+        placed = self.cpu.prepare_store(keys, cold_from, keeper=self.writeback)
+        self.writeback.write_ahead(self.cpu)
         return placed
 
     def complete_store(self, placed: Sequence[tuple[ChunkKey, SlotId]], ok: bool) -> None:
@@ -297,7 +290,7 @@ class TierStack:
         :meth:`SlotTier.complete_store` and, for write-through, :meth:`WriteBack.stored`."""
         self.cpu.complete_store(placed, ok)
         if ok:
-            self.writeback.stored(placed)
+            self.writeback.stored(self.cpu, placed)
 
     # ---- write-back ----
     def take_demotions(self) -> DemotionBatch:
@@ -308,7 +301,7 @@ class TierStack:
     def complete_demotions(self, copies: Sequence[SlotCopy], failed: set[ChunkKey]) -> None:
         """The workers wrote ``copies`` except ``failed`` (disk full, I/O error; freed):
         publish the others on SSD and free their CPU slots."""
-        self.writeback.complete_demotions(copies, failed)
+        self.writeback.complete_demotions(self.cpu, copies, failed)
 
     def observe_writes(self, chunks: int, seconds: float) -> None:
         """A worker wrote a batch of ``chunks`` in ``seconds``: the write-back's speed."""
@@ -351,5 +344,5 @@ class TierStack:
         would journal pre-reset bytes that a restart would serve (and evictions not
         taken yet are never put to the remote store).
         """
-        self.writeback.drop_pending()
+        self.writeback.drop_pending(self.cpu)
         return self.cpu.clear() + (self.ssd.clear() if self.ssd is not None else 0)

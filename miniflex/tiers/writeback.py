@@ -31,11 +31,16 @@
 
 :class:`WriteBack` is the policy, owned by the
 :class:`~miniflex.tiers.stack.TierStack` (``stack.writeback``); it asks the
-cost model through one interface, :class:`WriteBackCosts`, and nothing else::
+cost model through one interface, :class:`WriteBackCosts`, and nothing else.
+Neither it nor the CPU tier holds the other: the stack passes it as the
+:class:`~miniflex.tiers.slot_tier.Keeper` of each CPU call that may evict, and
+passes the CPU tier to each of its calls that changes a CPU slot::
 
     wb = WriteBack(ssd_tier, write_through=False, max_writeback=2, costs=FixedCosts())
-    cpu = SlotTier(Tier.CPU, 8, on_evict=wb.demote, reclaim=wb.reclaim)
-    wb.bind(cpu)
+    cpu = SlotTier(Tier.CPU, 8)
+    placed = cpu.prepare_store(keys, keeper=wb)  # evictions may become SSD copies
+    wb.write_ahead(cpu)
+    wb.complete_demotions(cpu, wb.take_demotions(), failed=set())
 """
 
 from __future__ import annotations
@@ -143,7 +148,7 @@ class WriteBack:
         being written back at once; ``clock``: seconds, for the predictions;
         ``keep_evictions``: list every chunk evicted from CPU in the next batch's
         ``evicted`` (the remote tier's write-back); ``write_seconds``: the estimate of a
-        chunk's write until writes are seen (None: none). :meth:`bind` the CPU tier next."""
+        chunk's write until writes are seen (None: none)."""
         self.ssd = ssd
         self.write_through = write_through and ssd is not None
         self.max_writeback = max_writeback
@@ -160,7 +165,6 @@ class WriteBack:
             if ssd is not None and not self.write_through
             else None
         )  # write-through writes every chunk: nothing to decide
-        self.cpu: SlotTier | None = None
         # evicted from CPU once written; in the order sent, with the predicted end of the
         # write (None: not sent to the workers yet)
         self._writing_back: OrderedDict[SlotCopy, float | None] = OrderedDict()
@@ -173,16 +177,6 @@ class WriteBack:
         self._demotions: list[SlotCopy] = []
         self._pinned_copies: set[SlotCopy] = set()  # write-through: CPU slot pinned until written
         self.dropped_demotions = 0  # evicted from CPU with no SSD slot to go to
-
-    def bind(self, cpu: SlotTier) -> None:
-        """The CPU tier whose evictions are written back (built with :meth:`demote` and
-        :meth:`reclaim` as its hooks)."""
-        self.cpu = cpu
-
-    @property
-    def _cpu(self) -> SlotTier:
-        assert self.cpu is not None, "bind() the CPU tier first"
-        return self.cpu
 
     def take_batch(self) -> DemotionBatch:
         """What write-back did since the last call, as one :class:`DemotionBatch` (its
@@ -226,27 +220,29 @@ class WriteBack:
         """Whether the next batch holds work: copies to send or evicted chunks to put."""
         return bool(self._demotions or self._evicted)
 
-    def complete_demotions(self, copies: Sequence[SlotCopy], failed: set[ChunkKey]) -> None:
-        """Publish the chunks written to SSD; ``failed`` ones (disk full, I/O error) are freed."""
+    def complete_demotions(
+        self, cpu: SlotTier, copies: Sequence[SlotCopy], failed: set[ChunkKey]
+    ) -> None:
+        """Publish the chunks written to SSD; ``failed`` ones (disk full, I/O error) are freed
+        (and their slots in ``cpu`` let go)."""
         assert self.ssd is not None
         for c in copies:
             self.ssd.complete_store([(c.key, c.ssd)], c.key not in failed)
             if c in self._pinned_copies:
                 self._pinned_copies.discard(c)
-                self._cpu.complete_load([c.cpu], ok=True)
+                cpu.complete_load([c.cpu], ok=True)
             elif self._taken_early.get(c.key) == c:
                 del self._taken_early[c.key]  # its slot has a new owner already
             elif c in self._writing_back:
                 del self._writing_back[c]
-                self._cpu.finish_eviction(c.cpu)
+                cpu.finish_eviction(c.cpu)
 
-    def write_ahead(self) -> None:
-        """Start writing back the least recently used CPU chunks while fewer than
-        ``max_writeback`` CPU slots are free or being written (write-back mode only)."""
+    def write_ahead(self, cpu: SlotTier) -> None:
+        """Start writing back the least recently used chunks of ``cpu`` while fewer than
+        ``max_writeback`` of its slots are free or being written (write-back mode only)."""
         if not self.reserves_slots:
             return
-        cpu = self._cpu
-        while cpu.free_slots + len(self._writing_back) < self.max_writeback and cpu.evict_one():
+        while cpu.free_slots + len(self._writing_back) < self.max_writeback and cpu.evict_one(self):
             pass
 
     @property
@@ -255,13 +251,12 @@ class WriteBack:
         (not write-through) to an SSD tier that admits chunks."""
         return self.ssd is not None and not self.write_through and self.ssd_pays_off
 
-    def stored(self, placed: Sequence[tuple[ChunkKey, SlotId]]) -> None:
+    def stored(self, cpu: SlotTier, placed: Sequence[tuple[ChunkKey, SlotId]]) -> None:
         """Chunks just published in the CPU tier: with write-through, queue each for SSD
         (its CPU slot pinned until written). Admission is not asked: write-through is an
         explicit setting (the default is write-back)."""
         if not self.write_through:
             return
-        cpu = self._cpu
         for key, slot in placed:
             if cpu.slot_of(key) == slot and cpu.prepare_load([key]):
                 copy = self._to_ssd(key, slot)
@@ -270,7 +265,7 @@ class WriteBack:
                 else:
                     self._pinned_copies.add(copy)
 
-    def drop_pending(self) -> None:
+    def drop_pending(self, cpu: SlotTier) -> None:
         """A reset: copies not yet sent are dropped (sent after the reset, they would
         journal pre-reset bytes that a restart would serve); writes in flight never
         publish. Evicted chunks not taken yet are dropped too (never put)."""
@@ -279,7 +274,7 @@ class WriteBack:
         if self.ssd is None:
             return
         pending, self._demotions = self._demotions, []
-        self.complete_demotions(pending, {c.key for c in pending})
+        self.complete_demotions(cpu, pending, {c.key for c in pending})
         self._taken_early.clear()
 
     def take_skipped_demotions(self) -> int:
@@ -323,9 +318,10 @@ class WriteBack:
         """Chunks on their way to SSD, not reported written yet: write-backs and write-throughs."""
         return len(self._writing_back) + len(self._pinned_copies)
 
-    def demote(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
-        """``SlotTier`` eviction hook: start writing the evicted CPU chunk back to SSD.
-        True: it is being written (its CPU slot is freed when that is done)."""
+    def keep(self, key: ChunkKey, cpu_slot: SlotId) -> bool:
+        """:class:`~miniflex.tiers.slot_tier.Keeper`: start writing the chunk the CPU tier
+        evicts back to SSD. True: it is being written (its CPU slot is freed when that is
+        done)."""
         if self._evicted is not None:
             self._evicted.append((key, cpu_slot))
         if self.ssd is None or self.write_through:
@@ -343,8 +339,9 @@ class WriteBack:
         self._writing_back[copy] = None
         return True
 
-    def reclaim(self, force: bool) -> bool:
-        """``SlotTier`` hook, when no CPU slot is free: free the slot of the oldest write-back
+    def reclaim(self, tier: SlotTier, force: bool) -> bool:
+        """:class:`~miniflex.tiers.slot_tier.Keeper`, when no slot of the CPU tier ``tier`` is
+        free: free the slot of the oldest write-back
         if the backlog is full (``force``: nothing else is left to evict, the chunk being
         placed is lost otherwise) and waiting for that write is worth it (see
         :meth:`_worth_waiting`). The write may not be sent yet: it goes out in the same plan,
@@ -354,7 +351,7 @@ class WriteBack:
         copy, done_at = next(iter(self._writing_back.items()))
         if not self._worth_waiting(done_at):
             return False
-        if not self._cpu.release_kept(copy.cpu):
+        if not tier.release_kept(copy.cpu):
             return False
         del self._writing_back[copy]
         self._taken_early[copy.key] = copy
