@@ -234,6 +234,7 @@ def _serve_b(
                 {"hit_policy": policy, "prompt_tokens": n, "repeat": r}
                 | {f"{k}_ms": s.ttft_ms for k, s in samples.items()}
                 | {f"{k}_tiers": dict(s.tiers) for k, s in samples.items()}
+                | {f"{k}_load_s": dict(s.load_s) for k, s in samples.items() if s.load_s}
             )
             _log(
                 f"{policy}: {n} tokens #{r}: "

@@ -74,7 +74,7 @@ import numpy as np
 from miniflex.config import MiniFlexConfig
 from miniflex.types import Tier
 
-__all__ = ["CostModel", "Decision", "PrefillFit", "make_cost_model"]
+__all__ = ["CostModel", "Decision", "PrefillFit", "hit_cap", "make_cost_model"]
 
 MIN_STEPS = 8
 """Prefill steps with at least :data:`MIN_TOKENS` tokens before the model is trusted."""
@@ -112,6 +112,11 @@ class Decision:
     """Load the chosen chunks (all in CPU) in the computing step, layer by layer."""
     async_s: float = 0.0
     """Predicted TTFT of the best asynchronous load (equal to ``predicted_s`` unless layerwise)."""
+
+
+def hit_cap(prompt_tokens: int, block_size: int) -> int:
+    """The most a hit covers: whole blocks before the last token, which is always computed."""
+    return (prompt_tokens - 1) // block_size * block_size
 
 
 class CostModel:
@@ -232,7 +237,7 @@ class CostModel:
         for length in range(fast, n + 1):
             if length > fast:
                 load += self.chunk_load_seconds(tiers[length - 1])
-            done = min(gpu_hit + length * ct, self._hit_cap(prompt_tokens))
+            done = min(gpu_hit + length * ct, hit_cap(prompt_tokens, self.block_size))
             times[length] = load + fit.seconds(prompt_tokens - done, done)
         best = min(times, key=lambda length: (times[length], -length))
         recompute = fit.seconds(prompt_tokens - gpu_hit, gpu_hit)
@@ -251,11 +256,6 @@ class CostModel:
             return Decision(length, n, lw, times[n], recompute, True, True, async_s)
         return Decision(best, n, async_s, times[n], recompute, True, False, async_s)
 
-    def _hit_cap(self, prompt_tokens: int) -> int:
-        """The most tokens a hit covers: whole blocks before the prompt's last token, which
-        the request always computes."""
-        return (prompt_tokens - 1) // self.block_size * self.block_size
-
     def _instep_lengths(self, tiers: Sequence[Tier], fast: int, instep: int) -> list[int]:
         """The lengths of in-step load to weigh: the leading CPU run, or with ``instep``
         every prefix of up to that many chunks."""
@@ -269,13 +269,13 @@ class CostModel:
         """TTFT of loading ``tiers`` inside the step that computes the rest, and (the step's
         prefill alone, the step with the load): the disk reads and the copies run layer by
         layer beside the first step; the prompt's tokens past ``step_tokens`` compute after."""
-        layer_bw = self.layerwise_bandwidth or self.bandwidth[Tier.CPU]
+        layer_bw, bs = self.layerwise_bandwidth or self.bandwidth[Tier.CPU], self.block_size
         ssd = sum(1 for t in tiers if t is Tier.SSD)
         load = max(
             len(tiers) * self.chunk_bytes / layer_bw,
             ssd * self.chunk_bytes / self.bandwidth[Tier.SSD],
         )
-        done = min(gpu_hit + len(tiers) * self.chunk_tokens, self._hit_cap(prompt_tokens))
+        done = min(gpu_hit + len(tiers) * self.chunk_tokens, hit_cap(prompt_tokens, bs))
         rest = prompt_tokens - done
         first = min(rest, self.step_tokens) if self.step_tokens else rest
         prefill = fit.seconds(first, done)

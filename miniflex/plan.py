@@ -214,6 +214,10 @@ class JobResult:
     streamed load's ``seconds`` is its reads plus its copies, as if they had not overlapped)."""
     remote_seconds: float = 0.0
     """LOAD: the part of ``seconds`` spent fetching chunks from the remote store."""
+    wall_seconds: float = 0.0
+    """From the job's plan reaching the worker to its report: ``seconds``, and any wait
+    before it (its slots' background readers, write-backs and put copies; its lanes busy
+    with earlier jobs). 0: not measured (a load inside the step)."""
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ class LoadRecord(JobRecord):
     first_block: int = 0  # the request's block the load starts at
     counted: bool = False
     """The hits were credited to the request already (:meth:`settle`)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """The slowest rank's wall time and its parts (``ReqAccount.load_seconds``)."""
 
     @classmethod
     def plan(
@@ -159,6 +161,10 @@ class LoadRecord(JobRecord):
         promoted = sum(1 for c in self.sources if c.ssd is not None and c.key not in bad)
         fetched = sum(1 for c in self.sources if c.remote and c.key not in bad)
         ctx.advisor.observe_load(self.job.timing, promoted, r, fetched)
+        if r.wall_seconds >= self.seconds.get("wall", 0.0):  # the slowest rank's
+            copy = r.seconds - r.ssd_seconds - r.remote_seconds
+            self.seconds = {"wall": r.wall_seconds, "ssd": r.ssd_seconds}
+            self.seconds |= {"remote": r.remote_seconds, "copy": copy}
         chunk_bytes = ctx.advisor.cost.chunk_bytes  # this rank's share of a chunk
         ctx.stats.ssd_read_bytes += promoted * chunk_bytes
         ctx.stats.remote_fetch_bytes += fetched * chunk_bytes
@@ -170,6 +176,8 @@ class LoadRecord(JobRecord):
             if any(s.remote and s.key in self.failed_keys for s in self.sources):
                 st.remote_answer = None  # ask the store again, not the old answer
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
+            if self.seconds.get("wall"):
+                st.account.load_seconds = self.seconds
             if not self.counted:
                 st.account.credit(served)
                 self._trace(st, self._good_blocks() if self.ok else 0, ctx.ns.blocks_per_chunk)

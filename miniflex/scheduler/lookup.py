@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from miniflex.cost import CostModel
+from miniflex.cost import CostModel, hit_cap
 from miniflex.keys import Namespace, chunk_key
 from miniflex.plan import LoadTiming
 from miniflex.remote.lookup import RemoteLookup
@@ -111,7 +111,7 @@ class HitLookup:
             n, timing, decision = self.advisor.decide(
                 st, tiers, num_tokens, num_computed, slow, instep
             )
-        last = (num_tokens - 1) // bs * bs  # vLLM computes the last token
+        last = hit_cap(num_tokens, bs)  # vLLM computes the last token
         end = min((start + n) * ct, last)
         declined = 0
         if decision is not None:  # what it was offered and chose to recompute

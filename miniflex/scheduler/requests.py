@@ -58,6 +58,10 @@ class ReqAccount:
     decided: bool = False  # the cost model's decision was counted in stats
     ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
     ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
+    load_seconds: dict[str, float] = field(default_factory=dict)
+    """Its last asynchronous load, on the slowest rank: ``wall`` (from the plan reaching the
+    worker to the report, waits for slots and lanes included), and the time its SSD reads,
+    remote fetches and GPU copies took (``ssd``, ``remote``, ``copy``: lanes may overlap)."""
 
     def credit(self, served: Mapping[str, int]) -> None:
         """Add a finished load's tokens per tier (``served_by_tier``) to the request's hits."""
@@ -119,8 +123,9 @@ class ReqState:
 
     def finished_params(self) -> dict[str, dict[str, object]]:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
-        in tokens, by tier, what each tier held of it at its last lookup, and what of that
-        the cost model chose to recompute (where it did)."""
+        in tokens, by tier, what each tier held of it at its last lookup, what of that the
+        cost model chose to recompute (where it did), and its last asynchronous load's times
+        (``load_wall_s``, ``load_ssd_s``, ``load_remote_s``, ``load_copy_s``)."""
         a = self.account
         return {
             "miniflex": {
@@ -130,6 +135,7 @@ class ReqState:
                 **{f"resident_tokens_{t}": n for t, n in self.hit.resident_by_tier.items()},
                 **({"declined_tokens": d} if (d := self.hit.declined_tokens) else {}),
                 **({"load": a.loaded_as.value} if a.loaded_as is not None else {}),
+                **{f"load_{k}_s": round(v, 4) for k, v in a.load_seconds.items()},
             }
         }
 

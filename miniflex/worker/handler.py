@@ -53,6 +53,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 
@@ -67,13 +68,7 @@ from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote, put_groups
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
-from miniflex.worker.job_runner import (
-    QueuedJob,
-    execute,
-    fail_unreported,
-    failed_result,
-    resolver,
-)
+from miniflex.worker.job_runner import QueuedJob, execute, fail_unreported, failed_result, resolver
 from miniflex.worker.lanes import Lane
 from miniflex.worker.load_reads import LoadReads
 from miniflex.worker.probe import probe_rank
@@ -312,6 +307,7 @@ class MiniFlexHandler:
     def _report(self, item: QueuedJob, res: JobResult) -> None:
         """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
         one: the next store would wait) copies their slots, then resolves ``item.copied``."""
+        res = replace(res, wall_seconds=time.perf_counter() - item.queued_at)
         item.done.set_result(res)
         if not item.copied:
             return

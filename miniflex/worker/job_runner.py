@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover
@@ -43,6 +43,8 @@ class QueuedJob:
     """Resolved with the job's report when it has run (or failed)."""
     promoted: Promoted | None = None
     """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
+    queued_at: float = field(default_factory=time.perf_counter)
+    """When the job's plan reached the worker (``JobResult.wall_seconds`` counts from it)."""
     copied: tuple[Future[JobResult], ...] = ()
     """A job with remote puts (STORE, DEMOTE): one future per group of its puts
     (:func:`~miniflex.remote.tier.put_groups`), done once that group's slots are copied for

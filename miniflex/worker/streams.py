@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -91,8 +92,11 @@ class StreamedLoad:
     (:meth:`close`), so the job cannot finish between two parts.
     """
 
-    def __init__(self, job: TransferJob, done: Future[JobResult], io: str) -> None:
-        self._job, self._done, self._io = job, done, io
+    def __init__(
+        self, job: TransferJob, done: Future[JobResult], io: str, queued_at: float = 0.0
+    ) -> None:
+        """``queued_at``: when the job reached the worker (its ``wall_seconds`` start)."""
+        self._job, self._done, self._io, self._queued_at = job, done, io, queued_at
         self._lock = threading.Lock()
         self._open = 1
         self._ok = True
@@ -150,6 +154,7 @@ class StreamedLoad:
                 self._io,
                 self._ssd_s,
                 self._remote_s,
+                time.perf_counter() - self._queued_at if self._queued_at else 0.0,
             )
         )
 
@@ -186,7 +191,7 @@ class Streamer:
         by then are load errors (vLLM recomputes them)."""
         job = item.job
         io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-        load = StreamedLoad(job, item.done, io)
+        load = StreamedLoad(job, item.done, io, item.queued_at)
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         handoff: Handoff | None = None
         try:

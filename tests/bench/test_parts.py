@@ -14,7 +14,13 @@ from miniflex.tools.bench.model import ModelShape, PromptMaker
 from miniflex.tools.bench.overflow import OverflowWorkload
 from miniflex.tools.bench.plot import save_plot
 from miniflex.tools.bench.report import format_table
-from miniflex.tools.bench.samples import Sample, percentile, resident_tokens, tier_tokens
+from miniflex.tools.bench.samples import (
+    Sample,
+    load_seconds,
+    percentile,
+    resident_tokens,
+    tier_tokens,
+)
 from miniflex.tools.bench.sizing import SAME_AS_CPU, auto_tiers, max_model_len
 from miniflex.tools.bench.ttft import TTFTWorkload
 
@@ -180,6 +186,12 @@ def test_resident_tokens_are_read_apart_from_hits() -> None:
     params = {"hit_tokens": 0, "hit_tokens_ssd": 0, "resident_tokens_ssd": 8192}
     assert resident_tokens(params) == {"ssd": 8192}
     assert tier_tokens(params) == {"ssd": 0}
+
+
+def test_load_seconds_are_read_from_the_params_and_nothing_else() -> None:
+    params = {"hit_tokens": 64, "load": "async", "load_wall_s": 0.5, "load_remote_s": 0.25}
+    assert load_seconds(params) == {"wall": 0.5, "remote": 0.25}
+    assert load_seconds({"hit_tokens": 0}) == {} and load_seconds(None) == {}
 
 
 def overflow_row(config: str, ratio: float, p50: float) -> dict:

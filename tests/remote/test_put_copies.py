@@ -4,6 +4,7 @@ vLLM gets its blocks back at once; a job that overwrites those slots waits for t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -164,3 +165,28 @@ def test_a_slot_is_free_to_overwrite_once_its_group_of_puts_is_copied(
     h.drain()
     assert seen[ChunkKey(1001)] == slot1, "slot 1 was copied for its put after a fetch into it"
     assert h._pool.slot(SlotId(1)).tobytes() == payload(h._pool.slot_bytes, seed=ChunkKey(8))
+
+
+def test_a_load_that_waited_for_a_put_copy_reports_the_wait_in_its_wall_time(
+    handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wall_seconds`` counts from the plan's arrival: the wait for the slot's copy is in
+    it, and not in the load's own ``seconds`` (its fetch and copy)."""
+    h = handler
+    assert h._pool is not None and h._remote is not None
+    assert h._remote.store.put(ChunkKey(7), payload(h._pool.slot_bytes, seed=ChunkKey(7)))
+    gate, _ = gated_copies(monkeypatch)
+    held_s = 0.3
+    try:
+        run_plan(h, 1, move_job(0, "a", JobKind.STORE, block=0, slot=0, key=1000))
+        run_plan(h, 2, move_job(1, "b", JobKind.LOAD, block=4, slot=0, key=7))
+        time.sleep(held_s)
+    finally:
+        gate.set()
+    h.drain()
+    h.poll()  # collects the finished jobs' results
+    results = {r.job_id: r for r in h.take_results()}
+    store, load = results[JobId(0)], results[JobId(1)]
+    assert store.ok and store.wall_seconds >= store.seconds > 0  # its copy was not waited for
+    assert load.ok and load.wall_seconds >= held_s
+    assert load.seconds < load.wall_seconds - held_s / 2

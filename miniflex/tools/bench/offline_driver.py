@@ -22,7 +22,7 @@ from typing import Any
 from miniflex.errors import MiniFlexError
 from miniflex.tools.bench.configs import Connector, EngineConfig, TierSizes
 from miniflex.tools.bench.driver import Arrival, Driver
-from miniflex.tools.bench.samples import Sample, resident_tokens, tier_tokens
+from miniflex.tools.bench.samples import Sample, load_seconds, resident_tokens, tier_tokens
 from miniflex.tools.offline_llm import evict_gpu_prefix_cache, shutdown_llm
 
 __all__ = ["EngineSettings", "OfflineDriver", "on_cuda"]
@@ -131,6 +131,7 @@ class OfflineDriver(Driver):
             first_token=comp.token_ids[0] if comp.token_ids else None,
             load=(params or {}).get("load"),
             resident=resident_tokens(params),
+            load_s=load_seconds(params),
         )
 
     def prefill(self, tokens: Sequence[int], label: str) -> Sample:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "mean", "percentile", "resident_tokens", "tier_tokens"]
+__all__ = ["Sample", "load_seconds", "mean", "percentile", "resident_tokens", "tier_tokens"]
 
 _TIER_KEY = re.compile(r"^(?:hit_tokens_(\w+)|(\w+)_hit_tokens)$")
 _RESIDENT_KEY = re.compile(r"^resident_tokens_(\w+)$")
@@ -41,6 +41,7 @@ class Sample:
     first_token: int | None = None
     load: str | None = None  # how MiniFlex loaded the hit (``load_mode``), where it says
     resident: Mapping[str, int] = field(default_factory=dict)  # MiniFlex: found, per tier
+    load_s: Mapping[str, float] = field(default_factory=dict)  # MiniFlex's load: wall, parts
 
     @property
     def vllm_hit_tokens(self) -> int | None:
@@ -52,6 +53,7 @@ class Sample:
         d = asdict(self)
         d["tiers"] = dict(self.tiers)
         d["resident"] = dict(self.resident)
+        d["load_s"] = dict(self.load_s)
         d["vllm_hit_tokens"] = self.vllm_hit_tokens
         return d
 
@@ -69,6 +71,16 @@ def resident_tokens(params: Mapping[str, Any] | None) -> dict[str, int]:
     """Per-tier tokens MiniFlex's lookup found (``resident_tokens_<tier>``), loaded or not:
     the cost model may have chosen to recompute some of them."""
     return _per_tier(params, _RESIDENT_KEY)
+
+
+def load_seconds(params: Mapping[str, Any] | None) -> dict[str, float]:
+    """MiniFlex's last asynchronous load of the request (``load_<part>_s``): its ``wall``
+    time at the worker and its ``ssd``, ``remote`` and ``copy`` parts; empty without one."""
+    return {
+        k[len("load_") : -len("_s")]: float(v)
+        for k, v in (params or {}).items()
+        if k.startswith("load_") and k.endswith("_s")
+    }
 
 
 def _per_tier(params: Mapping[str, Any] | None, pattern: re.Pattern[str]) -> dict[str, int]:
