@@ -43,11 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.remote_share import _model, publish
+from miniflex.cost import hit_cap
 from miniflex.remote.local_server import private_store
 from miniflex.tools.bench.provenance import provenance
 from miniflex.tools.bench.server import ServerProcess
 
-CHUNK_TOKENS = 64  # the replicas run with 32-token blocks: MiniFlex's auto chunk is 2 of them
+BLOCK_TOKENS = 32  # the replicas' vLLM block size
+CHUNK_TOKENS = 64  # MiniFlex's auto chunk: 2 of those blocks
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -111,7 +113,7 @@ def _servers(
     }
     kv = 3 * (args.prompt_tokens + 64) * kv_bytes  # vLLM's KV: about three prompts
     common = [
-        *("--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size", "32"),
+        *("--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size", str(BLOCK_TOKENS)),
         *("--max-model-len", str(args.prompt_tokens + 64)),
         *(() if args.compile else ("--enforce-eager",)),
         *("--kv-cache-memory-bytes", str(kv), *shlex.split(args.server_args)),
@@ -135,6 +137,13 @@ def _servers(
     return servers
 
 
+def _chunks_b_may_hit(prompt_tokens: int) -> int:
+    """The whole chunks of a prompt that a hit of B's may cover: those holding a token of
+    its whole blocks before the last token."""
+    cap = hit_cap(prompt_tokens, BLOCK_TOKENS)
+    return min(prompt_tokens // CHUNK_TOKENS, -(-cap // CHUNK_TOKENS))
+
+
 def _run(
     a: str, b: str, store_keys: Any, args: argparse.Namespace, vocab: int
 ) -> list[dict[str, Any]]:
@@ -154,10 +163,10 @@ def _run(
         nonlocal want
         for i, tokens in enumerate(shared):
             rows[i]["a_cold_ms"], params = _complete(a, tokens)
-            # a one-token request finishes before all its stores are done: at least every
-            # whole chunk before the prompt's last token goes to the store
+            # a one-token request finishes before all its stores are done: wait for every
+            # whole chunk that B's hit may cover (whole blocks before the prompt's last token)
             stored = int(params.get("stored_tokens", 0))
-            want += max(stored, len(tokens) - 1) // CHUNK_TOKENS
+            want += max(stored // CHUNK_TOKENS, _chunks_b_may_hit(len(tokens)))
             deadline = time.monotonic() + 60
             while store_keys() < want and time.monotonic() < deadline:
                 time.sleep(0.05)  # write-through runs behind the request

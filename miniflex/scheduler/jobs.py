@@ -176,7 +176,7 @@ class LoadRecord(JobRecord):
             if any(s.remote and s.key in self.failed_keys for s in self.sources):
                 st.remote_answer = None  # ask the store again, not the old answer
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
-            if self.seconds.get("wall"):
+            if self.ok and self.seconds.get("wall"):  # every rank's load succeeded
                 st.account.load_seconds = self.seconds
             if not self.counted:
                 st.account.credit(served)

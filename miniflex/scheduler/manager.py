@@ -177,7 +177,7 @@ class MiniFlexManager:
         fetch = self.remote is not None and not in_step
         sources = acquire_for_load(self.tiers, keys, fetch, in_step)
         st.load = PendingLoad(first, num_external, sources, timing)
-        st.account.loaded_as = timing
+        st.account.loaded_as, st.account.load_seconds = timing, {}  # times come with its result
         self.stats.load_timing[timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, timing.value)
         self._to_load.append(req_id)
