@@ -15,8 +15,9 @@ chunks are copied three ways, one after the other, from one source chunk, with
 - ``fresh_huge``: into new anonymous mappings advised ``MADV_HUGEPAGE`` (transparent huge
   pages where the kernel grants them, ``/sys/kernel/mm/transparent_hugepage``).
 
-Prints JSON (medians over ``--repeat`` rounds, GB/s) and a table with each fresh copy as
-a fraction of the reused one.
+Prints JSON (each round's GB/s, and the medians over ``--repeat`` rounds) and a table of
+the medians, each fresh copy as a fraction of the reused one. Fresh memory's speed depends
+on what the kernel (and, in a VM, the host) must do to back a page, so rounds scatter.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def _round(src: np.ndarray, chunks: int, alloc: Callable[[int], np.ndarray] | No
     return chunks * src.size / (time.perf_counter() - t0) / 1e9
 
 
-def measure(chunk_bytes: int, chunks: int, repeat: int) -> dict[str, float]:
-    """Median GB/s of each way over ``repeat`` rounds (the ways in turn within a round)."""
+def measure(chunk_bytes: int, chunks: int, repeat: int) -> dict[str, list[float]]:
+    """GB/s of each way in each of ``repeat`` rounds (the ways in turn within a round)."""
     src = np.random.default_rng(0).integers(0, 255, chunk_bytes, dtype=np.uint8)
     allocs = {"reused": None, "fresh": lambda n: np.empty(n, dtype=np.uint8)}
     allocs["fresh_huge"] = huge_buffer
@@ -72,7 +73,7 @@ def measure(chunk_bytes: int, chunks: int, repeat: int) -> dict[str, float]:
             runs[way].append(_round(src, chunks, allocs[way]))
         done = ", ".join(f"{w} {runs[w][-1]:.2f} GB/s" for w in WAYS)
         print(f"[fresh_copy] round {r + 1}/{repeat}: {done}", file=sys.stderr, flush=True)
-    return {f"{w}_gbps": round(statistics.median(runs[w]), 3) for w in WAYS}
+    return {w: [round(x, 3) for x in runs[w]] for w in WAYS}
 
 
 def table(result: dict) -> str:
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "settings": settings,
         "transparent_hugepage": THP.read_text().strip() if THP.exists() else None,
-        "gbps": measure(chunk_bytes, args.chunks, args.repeat),
+        "rounds_gbps": (rounds := measure(chunk_bytes, args.chunks, args.repeat)),
+        "gbps": {f"{w}_gbps": round(statistics.median(rounds[w]), 3) for w in WAYS},
         "provenance": provenance(False, args.commit),
     }
     text = json.dumps(result, indent=1)
