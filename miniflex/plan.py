@@ -219,6 +219,11 @@ class JobResult:
     before it (its slots' background readers, write-backs and put copies; its lanes busy
     with earlier jobs). 0: not measured (a load inside the step)."""
 
+    @property
+    def copy_seconds(self) -> float:
+        """LOAD: the part of ``seconds`` spent copying (neither reading SSD nor fetching)."""
+        return self.seconds - self.ssd_seconds - self.remote_seconds
+
 
 @dataclass(frozen=True)
 class LoadProbe:

@@ -214,7 +214,7 @@ class HitAdvisor:
             self.cost.observe_load(Tier.SSD, promoted * self.cost.chunk_bytes, r.ssd_seconds)
         if fetched > 0 and r.remote_seconds > 0:
             self.cost.observe_load(Tier.REMOTE, fetched * self.cost.chunk_bytes, r.remote_seconds)
-        self.cost.observe_load(Tier.CPU, r.num_bytes, r.seconds - r.ssd_seconds - r.remote_seconds)
+        self.cost.observe_load(Tier.CPU, r.num_bytes, r.copy_seconds)
 
     def on_step_times(
         self,

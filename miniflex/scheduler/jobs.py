@@ -162,9 +162,12 @@ class LoadRecord(JobRecord):
         fetched = sum(1 for c in self.sources if c.remote and c.key not in bad)
         ctx.advisor.observe_load(self.job.timing, promoted, r, fetched)
         if r.wall_seconds >= self.seconds.get("wall", 0.0):  # the slowest rank's
-            copy = r.seconds - r.ssd_seconds - r.remote_seconds
-            self.seconds = {"wall": r.wall_seconds, "ssd": r.ssd_seconds}
-            self.seconds |= {"remote": r.remote_seconds, "copy": copy}
+            self.seconds = {
+                "wall": r.wall_seconds,
+                "ssd": r.ssd_seconds,
+                "remote": r.remote_seconds,
+                "copy": r.copy_seconds,
+            }
         chunk_bytes = ctx.advisor.cost.chunk_bytes  # this rank's share of a chunk
         ctx.stats.ssd_read_bytes += promoted * chunk_bytes
         ctx.stats.remote_fetch_bytes += fetched * chunk_bytes

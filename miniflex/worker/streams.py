@@ -124,7 +124,7 @@ class StreamedLoad:
         with self._lock:
             self._ok = self._ok and res.ok
             self._bytes += res.num_bytes
-            self._copy_s += res.seconds - res.ssd_seconds - res.remote_seconds
+            self._copy_s += res.copy_seconds
             self._ssd_s += res.ssd_seconds
             self._remote_s += res.remote_seconds
             self._failed_blocks += res.failed_block_ids
