@@ -218,6 +218,10 @@ class JobResult:
     """From the job's plan reaching the worker to its report: ``seconds``, and any wait
     before it (its slots' background readers, write-backs and put copies; its lanes busy
     with earlier jobs). 0: not measured (a load inside the step)."""
+    wait_seconds: float = 0.0
+    """The part of ``wall_seconds`` before a lane first started the job: its wait for the
+    background readers of the slots it writes (put copies, write-backs) and for its lane.
+    0: not measured."""
 
     @property
     def copy_seconds(self) -> float:

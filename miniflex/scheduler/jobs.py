@@ -164,6 +164,7 @@ class LoadRecord(JobRecord):
         if r.wall_seconds >= self.seconds.get("wall", 0.0):  # the slowest rank's
             self.seconds = {
                 "wall": r.wall_seconds,
+                "wait": r.wait_seconds,
                 "ssd": r.ssd_seconds,
                 "remote": r.remote_seconds,
                 "copy": r.copy_seconds,

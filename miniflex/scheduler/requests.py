@@ -60,7 +60,8 @@ class ReqAccount:
     ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
     load_seconds: dict[str, float] = field(default_factory=dict)
     """Its last asynchronous load, on the slowest rank: ``wall`` (from the plan reaching the
-    worker to the report, waits for slots and lanes included), and the time its SSD reads,
+    worker to the report), ``wait`` (of that, before a lane started it: waits for the put
+    copies and write-backs of its slots, and for its lane), and the time its SSD reads,
     remote fetches and GPU copies took (``ssd``, ``remote``, ``copy``: lanes may overlap)."""
 
     def credit(self, served: Mapping[str, int]) -> None:
@@ -125,7 +126,7 @@ class ReqState:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
         in tokens, by tier, what each tier held of it at its last lookup, what of that the
         cost model chose to recompute (where it did), and its last asynchronous load's times
-        (``load_wall_s``, ``load_ssd_s``, ``load_remote_s``, ``load_copy_s``)."""
+        (``load_wall_s``, ``load_wait_s``, ``load_ssd_s``, ``load_remote_s``, ``load_copy_s``)."""
         a = self.account
         return {
             "miniflex": {

@@ -12,7 +12,8 @@ prediction held::
      "decision": {"load_chunks": 10, "resident_chunks": 10, "predicted_s": 0.21,
                   "load_all_s": 0.21, "recompute_s": 0.48, "layerwise": false},
      "ttft_measured_s": 0.23, "stored_tokens": 2816, "time": 1733400000.0,
-     "load_seconds": {"wall": 0.19, "ssd": 0.15, "remote": 0.0, "copy": 0.03}}
+     "load_seconds": {"wall": 0.19, "wait": 0.0, "ssd": 0.15, "remote": 0.0,
+                      "copy": 0.03}}
 
 A chunk's ``from`` is ``gpu`` (vLLM's own prefix cache), ``cpu``, ``ssd`` or
 ``remote`` (MiniFlex loaded it), ``failed`` (its read failed its checksum or
@@ -22,10 +23,11 @@ block by block. ``key`` is the chunk's MiniFlex key (as an SSD journal or the
 remote store names it). ``decision`` and ``ttft_measured_s`` are present when
 the calibrated cost model decided the load. ``load_seconds`` (an asynchronous
 load's, on its slowest rank): ``wall`` from the plan reaching the worker to its report,
-waits for slots and lanes included, and the time its SSD reads, remote fetches and GPU
-copies took (lanes may overlap, so the parts may add up to more than ``wall``). The
-file is opened once, appended to line by line (a line is whole once written, even if the
-engine is killed), and never truncated.
+``wait`` the part of it before a lane started the load (its slots' put copies and
+write-backs, its lane busy), and the time its SSD reads, remote fetches and GPU copies
+took (lanes may overlap, so the parts may add up to more than ``wall``). The file is
+opened once, appended to line by line (a line is whole once written, even if the engine
+is killed), and never truncated.
 """
 
 from __future__ import annotations

@@ -15,32 +15,26 @@ each in plan order:
   SSD reads on the ssd-read lane and its remote fetches on the remote-fetch lane, so a
   slow disk or store never holds up GPU copies, nor a stalled store another
   request's disk reads;
-* a demotion (CPU slot -> SSD) is registered against its CPU slot when it is
-  queued, before the jobs of the same plan; a store or read into that
-  slot is queued (for its lane) only once it is written
-  (only then may the slot be overwritten), so the jobs queued after it never
-  wait for the disk: no other job reads or writes a slot being stored or
-  promoted into;
+* a demotion (CPU slot -> SSD) is registered against its CPU slot when it is queued,
+  before the jobs of the same plan; a store or read into that slot is queued for its
+  lane only once it is written, so the jobs queued after it never wait for the disk;
+  no other job reads or writes a slot being stored or promoted into;
 * a job with remote puts (a store's write-through, a write-back's) is reported
   done as soon as its own copy is, so vLLM gets its blocks back; its slots are
   then copied for the puts on the uploader's copy thread (the gpu-store lane goes
   on with the next store), and are registered the same way until they are
   (``slot_guard.py``);
-* asynchronous loads are queued at ``start_load_kv``; they go into blocks of
-  requests that wait for them, which no forward touches. A load with
-  reads is chained from lane to lane once its slots are written back, like a
-  store: remote fetches, then SSD promotions, then its GPU copies; a load that streams chunks
-  past the CPU tier (from SSD or the store) queues them part by part as they arrive
-  (``streams.py``). The store serializes a read with the write job in
-  progress, not with those queued behind it;
+* asynchronous loads are queued at ``start_load_kv``, into blocks of requests that wait
+  for them, which no forward touches. A load with reads is chained from lane to lane
+  once its slots are written back, like a store: remote fetches, SSD promotions, then
+  its GPU copies; chunks past the CPU tier stream part by part (``streams.py``);
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
   ``start_load_kv`` and finished once the forward is issued (``step_loads.py``);
   their SSD chunks are read layer by layer meanwhile (``step_reads.py``);
-* stores are queued at ``wait_for_save``, after the forward that computed their
-  blocks, a plan's as one copy (``store_batch.py``), but never those of a request
-  whose in-step load failed in that step (computed over bytes that never
-  arrived: reported failed, nothing stored or put); a finished request keeps its
-  blocks until its stores are done (``TransferPlan.release``);
+* stores are queued at ``wait_for_save``, after the forward that computed their blocks,
+  a plan's as one copy (``store_batch.py``), but never those of a request whose in-step
+  load failed in that step (computed over bytes that never arrived: reported failed,
+  nothing stored or put); a finished request keeps its blocks until its stores are done;
 * a preempted request's stores are waited for before the next forward.
 
 Any exception in a job is caught here, logged, and reported as a failed job
@@ -68,7 +62,15 @@ from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote, put_groups
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
-from miniflex.worker.job_runner import QueuedJob, execute, fail_unreported, failed_result, resolver
+from miniflex.worker.job_runner import (
+    QueuedJob,
+    execute,
+    fail_unreported,
+    failed_result,
+    resolver,
+    started,
+    waited,
+)
 from miniflex.worker.lanes import Lane
 from miniflex.worker.load_reads import LoadReads
 from miniflex.worker.probe import probe_rank
@@ -294,6 +296,7 @@ class MiniFlexHandler:
     def _run_job(self, item: QueuedJob) -> None:
         """A LOAD's copies (gpu-load), a DEMOTE or CLEAR (ssd-write)."""
         assert self._mover is not None
+        item = started(item)
         ssd = self._ssd if self._writes else None
         job, fence, promoted = item.job, item.fence, item.promoted
         self._report(item, execute(job, fence, promoted, self._mover, ssd, self._writes))
@@ -301,13 +304,14 @@ class MiniFlexHandler:
     def _run_stores(self, items: tuple[QueuedJob, ...]) -> None:
         """A batch of stores, one copy (gpu-store)."""
         assert self._store_mover is not None
-        for it, res in execute_stores(items, self._store_mover, self._writes):
+        for it, res in execute_stores(tuple(map(started, items)), self._store_mover, self._writes):
             self._report(it, res)
 
     def _report(self, item: QueuedJob, res: JobResult) -> None:
         """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
         one: the next store would wait) copies their slots, then resolves ``item.copied``."""
-        res = replace(res, wall_seconds=time.perf_counter() - item.queued_at)
+        wall = time.perf_counter() - item.queued_at
+        res = replace(res, wall_seconds=wall, wait_seconds=waited(item))
         item.done.set_result(res)
         if not item.copied:
             return

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover
@@ -23,7 +23,16 @@ from miniflex.plan import JobKind, JobResult, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 
-__all__ = ["Promoted", "QueuedJob", "execute", "fail_unreported", "failed_result", "resolver"]
+__all__ = [
+    "Promoted",
+    "QueuedJob",
+    "execute",
+    "fail_unreported",
+    "failed_result",
+    "resolver",
+    "started",
+    "waited",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +54,23 @@ class QueuedJob:
     """A load's SSD reads and remote fetches, once they are done (None: not yet, or none)."""
     queued_at: float = field(default_factory=time.perf_counter)
     """When the job's plan reached the worker (``JobResult.wall_seconds`` counts from it)."""
+    started_at: float = 0.0
+    """When a lane first started it (0: not yet; ``JobResult.wait_seconds`` ends there)."""
     copied: tuple[Future[JobResult], ...] = ()
     """A job with remote puts (STORE, DEMOTE): one future per group of its puts
     (:func:`~miniflex.remote.tier.put_groups`), done once that group's slots are copied for
     the puts, on the uploader's copy thread (the job itself is reported before that, see
     :class:`~miniflex.worker.slot_guard.SlotGuard`); empty without puts."""
+
+
+def started(item: QueuedJob) -> QueuedJob:
+    """``item`` stamped as started now, unless a lane started it before."""
+    return item if item.started_at else replace(item, started_at=time.perf_counter())
+
+
+def waited(item: QueuedJob) -> float:
+    """Seconds from ``item`` reaching the worker to a lane starting it (0: not started)."""
+    return max(0.0, item.started_at - item.queued_at) if item.started_at else 0.0
 
 
 def resolver(future: Future[JobResult], res: JobResult) -> Callable[[], None]:

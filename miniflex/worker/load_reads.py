@@ -31,7 +31,13 @@ from dataclasses import replace
 
 from miniflex.plan import RemoteCopy, SlotCopy
 from miniflex.ssd.copier import SSDCopier
-from miniflex.worker.job_runner import Promoted, QueuedJob, fail_unreported, failed_result
+from miniflex.worker.job_runner import (
+    Promoted,
+    QueuedJob,
+    fail_unreported,
+    failed_result,
+    started,
+)
 from miniflex.worker.lanes import Lane
 from miniflex.worker.promotions import Promoter
 from miniflex.worker.streams import StagingRing, Streamer
@@ -62,6 +68,7 @@ class LoadReads:
         (self.fetch if job.remote or not job.touches_ssd else self.ssd_read).submit(item)
 
     def _run_fetch(self, item: QueuedJob) -> None:
+        item = started(item)
         job = item.job
         if not job.touches_ssd:  # fetched from the store alone: copies start as chunks arrive
             self.streamer.run(item, None, fetch=True)
@@ -71,6 +78,7 @@ class LoadReads:
         self.ssd_read.submit(replace(item, promoted=fetched))
 
     def _run_ssd_read(self, item: QueuedJob) -> None:
+        item = started(item)
         if (read := self._read(item, item.job.promotions, ())) is None:
             return
         if item.promoted is not None:  # its remote fetches, done before

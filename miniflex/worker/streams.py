@@ -42,7 +42,7 @@ from miniflex.plan import ChunkMove, JobKind, JobResult, RemoteCopy, SlotCopy, T
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 from miniflex.worker.fetch_handoff import Handoff
-from miniflex.worker.job_runner import Promoted, QueuedJob
+from miniflex.worker.job_runner import Promoted, QueuedJob, waited
 from miniflex.worker.promotions import Promoter
 
 __all__ = ["StagingRing", "StreamedLoad", "Streamer"]
@@ -97,6 +97,7 @@ class StreamedLoad:
     ) -> None:
         """``queued_at``: when the job reached the worker (its ``wall_seconds`` start)."""
         self._job, self._done, self._io, self._queued_at = job, done, io, queued_at
+        self.waited = 0.0  # its ``wait_seconds``
         self._lock = threading.Lock()
         self._open = 1
         self._ok = True
@@ -155,6 +156,7 @@ class StreamedLoad:
                 self._ssd_s,
                 self._remote_s,
                 time.perf_counter() - self._queued_at if self._queued_at else 0.0,
+                self.waited,
             )
         )
 
@@ -192,6 +194,7 @@ class Streamer:
         job = item.job
         io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
         load = StreamedLoad(job, item.done, io, item.queued_at)
+        load.waited = waited(item)
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         handoff: Handoff | None = None
         try:

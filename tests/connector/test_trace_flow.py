@@ -73,6 +73,7 @@ def test_the_trace_names_each_chunks_source_across_a_restart(tmp_path: Path, ssd
     assert b["load"] == "async" and b["load_seconds"]["wall"] > 0
     times = h2.params["b"]["miniflex"]  # the load's times, as the request's params give them
     assert times["load_wall_s"] >= times["load_ssd_s"] > 0 and times["load_copy_s"] > 0
+    assert times["load_wall_s"] - times["load_ssd_s"] >= times["load_wait_s"] >= 0
 
 
 def test_a_trace_file_that_cannot_be_opened_is_refused_by_name(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def test_a_load_that_waited_for_a_put_copy_reports_the_wait_in_its_wall_time(
     handler: MiniFlexHandler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``wall_seconds`` counts from the plan's arrival: the wait for the slot's copy is in
-    it, and not in the load's own ``seconds`` (its fetch and copy)."""
+    it, as ``wait_seconds``, and not in the load's own ``seconds`` (its fetch and copy)."""
     h = handler
     assert h._pool is not None and h._remote is not None
     assert h._remote.store.put(ChunkKey(7), payload(h._pool.slot_bytes, seed=ChunkKey(7)))
@@ -190,3 +190,5 @@ def test_a_load_that_waited_for_a_put_copy_reports_the_wait_in_its_wall_time(
     assert store.ok and store.wall_seconds >= store.seconds > 0  # its copy was not waited for
     assert load.ok and load.wall_seconds >= held_s
     assert load.seconds < load.wall_seconds - held_s / 2
+    assert held_s <= load.wait_seconds <= load.wall_seconds - load.seconds
+    assert store.wait_seconds < held_s / 2  # its lane started it at once
