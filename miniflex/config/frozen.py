@@ -100,6 +100,7 @@ class MiniFlexConfig:
     remote_write_backlog: int = field(default=_SPECS["remote_write_backlog"].default)
     remote_read_gbps: float | None = field(default=_SPECS["remote_read_gbps"].default)
     remote_fetch_streams: int | None = field(default=_SPECS["remote_fetch_streams"].default)
+    remote_copy_threads: int = field(default=_SPECS["remote_copy_threads"].default)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

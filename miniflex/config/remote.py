@@ -308,6 +308,15 @@ REMOTE_SPECS: dict[str, Spec] = {
         "2-core host (`python -m bench.remote_wire --streams 4`).",
         "auto",
     ),
+    "remote_copy_threads": (
+        lambda k, v: parse_int(k, v, 1, 32),
+        4,
+        "Write-through: threads per TP rank that copy stored chunks out of their CPU slots for "
+        "their puts, each a group of 16 chunks at a time. A slot is stored into again only "
+        "once its copy is made, and a copy into a buffer not used before waits on page "
+        "faults, which overlap across threads (`python -m bench.fresh_copy --threads 4`).",
+        "4",
+    ),
     "remote_retry_s": (
         lambda k, v: parse_seconds(k, v, 0.0, 3600.0),
         1.0,

@@ -32,7 +32,7 @@ from miniflex.remote import RemoteStore, open_remote_store
 from miniflex.remote.fetch import RemoteFetcher, auto_fetch_streams
 from miniflex.remote.lookup import RemoteLookup
 from miniflex.remote.probe import probe_fetch_bandwidth
-from miniflex.remote.uploader import RemoteUploader
+from miniflex.remote.uploader import COPY_THREADS, RemoteUploader
 
 __all__ = ["PUT_GROUP", "WorkerRemote", "check_store", "open_checked", "open_lookup", "put_groups"]
 
@@ -116,13 +116,15 @@ class WorkerRemote:
         write_backlog: int | None,
         fetch_streams: int = 1,
         loads_first: bool = True,
+        copy_threads: int = COPY_THREADS,
     ) -> None:
         """``write_backlog``: bytes of put copies that may wait (None: no puts);
         ``fetch_streams``: a load's fetches in flight at once; ``loads_first``: puts wait
         for this rank's fetches (write-through, whose chunks the local tiers keep; not
-        write-back, whose puts are of chunks the CPU tier evicted)."""
+        write-back, whose puts are of chunks the CPU tier evicted); ``copy_threads``: the
+        uploader's (:class:`~miniflex.remote.uploader.RemoteUploader`)."""
         self.store = store
-        self._write_backlog = write_backlog
+        self._write_backlog, self._copy_threads = write_backlog, copy_threads
         self._streams = fetch_streams
         self._loads_first = loads_first
         self.fetcher: RemoteFetcher | None = None
@@ -138,7 +140,8 @@ class WorkerRemote:
         puts = config.remote_write != "off"
         backlog = config.remote_write_backlog if puts else None
         streams = config.remote_fetch_streams or auto_fetch_streams(os.cpu_count())
-        return cls(store, backlog, streams, loads_first=config.remote_write == "through")
+        loads_first = config.remote_write == "through"
+        return cls(store, backlog, streams, loads_first, config.remote_copy_threads)
 
     def bind(self, pool: HostPool) -> RemoteFetcher:
         """Attach to this rank's CPU pool (at registration); returns the loads' fetcher."""
@@ -146,7 +149,9 @@ class WorkerRemote:
         self.fetcher = RemoteFetcher(self.store, pool, self._streams)
         if self._write_backlog is not None:
             gate = self.fetcher.gate if self._loads_first else None
-            self.uploader = RemoteUploader(self.store, self._write_backlog, gate)
+            self.uploader = RemoteUploader(
+                self.store, self._write_backlog, gate, self._copy_threads
+            )
         return self.fetcher
 
     def probe(self) -> float | None:

@@ -3,13 +3,17 @@
 A job's puts (:attr:`TransferJob.remote`: a STORE's write-through, a DEMOTE's
 write-back) are handed over with :meth:`RemoteUploader.offer_later` by the
 job's thread once the job is reported (vLLM gets its blocks back without
-waiting for any of this). The uploader's copy thread copies each slot's bytes
-into a buffer of its own and calls the job's ``copied`` callback: the worker
-holds jobs that would overwrite those slots until then (see
-:mod:`miniflex.worker.slot_guard`). The copies run on a thread of their own so
-that the job's thread goes on with the next store: a prompt's stores, each
-followed by its copies on one thread, held the prompt's blocks until the last
-copy was made. The put thread asks the store which queued chunks it already
+waiting for any of this). A copy thread copies each slot's bytes into a buffer
+of its own and calls the job's ``copied`` callback: the worker holds jobs that
+would overwrite those slots until then (see :mod:`miniflex.worker.slot_guard`).
+The copies run on threads of their own so that the job's thread goes on with
+the next store, and on several (``copy_threads``; ``remote_copy_threads``), each
+taking the next handed-over group, because a copy into fresh memory waits on a
+page fault per 4 KiB page, and faults on several threads overlap: a burst of
+stores longer than the CPU tier reuses each slot only once its copy is made.
+Each group takes its buffers when a thread starts it, in the order the groups
+were handed over, so that when ``max_bytes`` runs out the chunks dropped are the
+later ones. The put thread asks the store which queued chunks it already
 holds (another replica may have put them: one ``exists`` round trip per batch)
 and puts the rest, each once no fetch of the same rank is in flight
 (:mod:`miniflex.remote.fetch_gate`: loads before puts).
@@ -50,6 +54,8 @@ logger = logging.getLogger("miniflex.remote")
 
 UPLOAD_QUEUE_BYTES = 1 << 30
 """Bytes of chunks waiting for their put, at most, before new ones are dropped."""
+COPY_THREADS = 4
+"""Copy threads of an uploader unless told otherwise (``remote_copy_threads``)."""
 _BATCH = 16
 
 
@@ -110,9 +116,15 @@ class RemoteUploader:
     """Puts chunks to one shard's store on threads of its own; see the module docstring."""
 
     def __init__(
-        self, store: RemoteStore, max_bytes: int = UPLOAD_QUEUE_BYTES, gate: FetchGate | None = None
+        self,
+        store: RemoteStore,
+        max_bytes: int = UPLOAD_QUEUE_BYTES,
+        gate: FetchGate | None = None,
+        copy_threads: int = COPY_THREADS,
     ) -> None:
-        """``gate``: the rank's fetches, which each put waits for (None: puts never wait)."""
+        """``gate``: the rank's fetches, which each put waits for (None: puts never wait);
+        ``copy_threads``: groups handed over that are copied at once."""
+        assert copy_threads >= 1, "an uploader needs a copy thread"
         self.store = store
         self._gate = gate
         self._buffers = _Buffers(max_bytes)
@@ -121,22 +133,21 @@ class RemoteUploader:
         self._cond = threading.Condition()
         self._closed = False
         self._putting = False
-        self._copying = False
+        self._copying = 0  # copy threads busy with a group
         self._counts = {name: 0 for name in UploadStats.__dataclass_fields__}
         del self._counts["buffer_bytes"]
         self._reported = dict(self._counts)  # the counts as of the last take_outcome()
-        self._threads = [
-            threading.Thread(target=run, name=name, daemon=True)
-            for run, name in (
-                (self._run, "miniflex-remote-put"),
-                (self._run_copies, "miniflex-remote-copy"),
-            )
+        self._threads = [threading.Thread(target=self._run, name="miniflex-remote-put")]
+        self._threads += [
+            threading.Thread(target=self._run_copies, name=f"miniflex-remote-copy-{i}")
+            for i in range(copy_threads)
         ]
         for thread in self._threads:
+            thread.daemon = True
             thread.start()
 
     def offer_later(self, chunks: Copies, copied: Callable[[], None]) -> None:
-        """Copy ``chunks`` for their puts on the copy thread, then call ``copied`` (once, from
+        """Copy ``chunks`` for their puts on a copy thread, then call ``copied`` (once, from
         that thread, or from this one if the uploader is closed): until then the caller
         keeps their bytes unchanged. Returns at once."""
         with self._cond:
@@ -156,28 +167,32 @@ class RemoteUploader:
         """Queue a copy of ``data`` for a put under ``key``, copied on this thread; False:
         dropped (``max_bytes`` queued already, or the uploader is closed)."""
         with self._cond:
-            closed = self._closed
-        if closed:
-            self._count(offered=1, dropped=1)
-            return False
-        return self._copy(key, data)
-
-    def _copy(self, key: ChunkKey, data: np.ndarray | memoryview) -> bool:
-        nbytes = memoryview(data).nbytes
-        with self._cond:
-            self._counts["offered"] += 1
-            buf = self._buffers.take(nbytes)
-            if buf is None:
+            if self._closed:
+                self._counts["offered"] += 1
                 self._counts["dropped"] += 1
-                if self._counts["dropped"] == 1:
-                    logger.warning(
-                        "MiniFlex remote store %s: write-through is behind by "
-                        "remote_write_backlog (%d bytes): chunks are not put until it catches "
-                        "up (the local tiers keep them)",
-                        self.store.url,
-                        self._buffers.max_bytes,
-                    )
                 return False
+            buf = self._take(data)
+        return buf is not None and self._copy(key, data, buf)
+
+    def _take(self, data: np.ndarray | memoryview) -> np.ndarray | None:
+        """A buffer for ``data``'s copy, counted as offered (None: dropped, counted); called
+        under the lock."""
+        self._counts["offered"] += 1
+        buf = self._buffers.take(memoryview(data).nbytes)
+        if buf is None:
+            self._counts["dropped"] += 1
+            if self._counts["dropped"] == 1:
+                logger.warning(
+                    "MiniFlex remote store %s: write-through is behind by "
+                    "remote_write_backlog (%d bytes): chunks are not put until it catches "
+                    "up (the local tiers keep them)",
+                    self.store.url,
+                    self._buffers.max_bytes,
+                )
+        return buf
+
+    def _copy(self, key: ChunkKey, data: np.ndarray | memoryview, buf: np.ndarray) -> bool:
+        """Copy ``data`` into ``buf`` (outside the lock) and queue its put; False: failed."""
         try:
             copy_into(buf, 0, data)  # outside the lock, and the interpreter's (bytecopy.py)
         except Exception as exc:  # the buffer goes back; the chunk is not put
@@ -237,15 +252,14 @@ class RemoteUploader:
                     self._cond.notify_all()  # the put thread may stop now
                     return
                 chunks, copied = self._copies.popleft()
-                self._copying = True
-            try:
-                for key, data in chunks:
-                    self._copy(key, data)
-            except Exception as exc:  # never kill the thread, never keep the slots held
-                logger.error("MiniFlex: a remote put's copy failed: %s", exc)
+                bufs = [self._take(data) for _, data in chunks]  # in the order handed over
+                self._copying += 1
+            for (key, data), buf in zip(chunks, bufs, strict=True):
+                if buf is not None:
+                    self._copy(key, data, buf)  # never raises: a failed copy is counted
             _call_safely(copied)
             with self._cond:
-                self._copying = False
+                self._copying -= 1
                 self._cond.notify_all()
 
     def _run(self) -> None:

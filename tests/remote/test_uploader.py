@@ -70,7 +70,7 @@ def test_close_copies_and_puts_what_was_handed_over_and_reports_later_offers_at_
     for i in range(8):
         up.offer_later([(key(i), chunk(i))], lambda i=i: calls.append(f"copied {i}"))
     up.close()
-    assert calls == [f"copied {i}" for i in range(8)]
+    assert sorted(calls) == [f"copied {i}" for i in range(8)]
     assert up.stats().put == 8 and up.store.get(key(7)) == chunk(7).tobytes()
     up.offer_later([(key(99), chunk(99))], lambda: calls.append("after close"))
     assert calls[-1] == "after close" and not up.offer(key(98), chunk(98))
@@ -181,3 +181,52 @@ def test_the_puts_of_a_failed_store_job_are_counted_failed(server: LocalServer) 
     out = remote.take_outcome()
     assert (out.acked, out.failed) == (0, 2) and remote.store.get(key(40)) is None
     remote.close()
+
+
+def test_hand_offs_are_copied_at_once_on_several_threads(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second hand-off is copied, and its slots let go, while the first one's copy is held
+    (a copy into fresh memory waits on page faults: one thread would hold every slot behind
+    the slowest copy)."""
+    up = RemoteUploader(store(server.url), max_bytes=8 * CHUNK, copy_threads=2)
+    held, real = threading.Event(), RemoteUploader._copy
+
+    def slow_first(self: RemoteUploader, k: object, data: object, buf: np.ndarray) -> bool:
+        if k == key(1):
+            assert held.wait(10), "the test never let the first copy go"
+        return real(self, k, data, buf)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RemoteUploader, "_copy", slow_first)
+    first, second = threading.Event(), threading.Event()
+    up.offer_later([(key(1), chunk(1))], first.set)
+    up.offer_later([(key(2), chunk(2))], second.set)
+    try:
+        assert second.wait(10), "the second hand-off waited for the first one's copy"
+        assert not first.is_set()
+    finally:
+        held.set()
+    assert first.wait(10) and up.flush(10)
+    assert up.store.get(key(1)) == chunk(1).tobytes() and up.store.get(key(2)) == chunk(2).tobytes()
+    up.close()
+
+
+def test_when_the_backlog_runs_out_the_later_hand_off_is_dropped(server: LocalServer) -> None:
+    """Buffers are taken per hand-off, in the order handed over, whichever thread copies it:
+    the store keeps a prompt's head."""
+    up = RemoteUploader(store(server.url), max_bytes=3 * CHUNK, copy_threads=4)
+    server.pause()  # nothing is put: every buffer stays queued
+    try:
+        done = [threading.Event() for _ in range(3)]
+        for g in range(3):  # three hand-offs of two chunks each
+            chunks = [(key(10 * g + i), chunk(10 * g + i)) for i in range(2)]
+            up.offer_later(chunks, done[g].set)
+        assert all(d.wait(10) for d in done)
+        stats = up.stats()
+        assert (stats.offered, stats.dropped) == (6, 3)
+    finally:
+        server.resume()
+    assert up.flush(20)
+    up.close()
+    kept = [k for k in (0, 1, 10, 11, 20, 21) if up.store.get(key(k)) is not None]
+    assert kept == [0, 1, 10]
