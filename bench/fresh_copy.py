@@ -1,17 +1,19 @@
 """Chunk copies into fresh memory against copies into buffers used before.
 
     python -m bench.fresh_copy [--chunk-bytes 9MiB] [--chunks 256] [--repeat 3]
-                               [--json PATH] [--commit SHA]
+                               [--threads 4] [--json PATH] [--commit SHA]
 
 The remote tier's write-through copies each stored chunk into a buffer of its own
 (``remote/uploader.py``), and a job that overwrites the chunk's CPU slot waits for that
 copy. Buffers are reused once put, so only a burst past the buffers made so far copies
 into fresh memory, whose every page faults on first touch. Per round, ``--chunks``
-chunks are copied three ways, one after the other, from one source chunk, with
+chunks are copied four ways, one after the other, from one source chunk, with
 ``copy_into`` as the uploader copies:
 
 - ``reused``: into buffers written before (the ceiling: memory bandwidth);
-- ``fresh``: into new ``np.empty`` buffers, as the uploader allocates them;
+- ``fresh``: into new ``np.empty`` buffers, as the uploader allocates them, on one thread;
+- ``fresh_threads``: the same, the chunks dealt to ``--threads`` threads (the uploader's
+  ``remote_copy_threads``);
 - ``fresh_huge``: into new anonymous mappings advised ``MADV_HUGEPAGE`` (transparent huge
   pages where the kernel grants them, ``/sys/kernel/mm/transparent_hugepage``).
 
@@ -28,6 +30,7 @@ import json
 import mmap
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +41,7 @@ from miniflex.bytecopy import copy_into
 from miniflex.config.parse import parse_size
 from miniflex.tools.bench.provenance import provenance
 
-WAYS = ("reused", "fresh", "fresh_huge")
+WAYS = ("reused", "fresh", "fresh_threads", "fresh_huge")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -50,27 +53,39 @@ def huge_buffer(nbytes: int) -> np.ndarray:
     return np.frombuffer(area, dtype=np.uint8)
 
 
-def _round(src: np.ndarray, chunks: int, alloc: Callable[[int], np.ndarray] | None) -> float:
-    """GB/s of copying ``src`` into ``chunks`` buffers from ``alloc`` (None: reused ones)."""
+def _round(
+    src: np.ndarray, chunks: int, alloc: Callable[[int], np.ndarray] | None, threads: int = 1
+) -> float:
+    """GB/s of copying ``src`` into ``chunks`` buffers from ``alloc`` (None: reused ones),
+    the chunks dealt to ``threads`` threads."""
     kept = [np.ones(src.size, dtype=np.uint8) for _ in range(chunks)] if alloc is None else []
+    held: list[np.ndarray] = []  # as the uploader holds its queued buffers
+
+    def copies(first: int) -> None:
+        for i in range(first, chunks, threads):
+            buf = kept[i] if alloc is None else alloc(src.size)
+            copy_into(buf, 0, src)
+            held.append(buf)
+
+    workers = [threading.Thread(target=copies, args=(t,)) for t in range(threads)]
     t0 = time.perf_counter()
-    for i in range(chunks):
-        buf = kept[i] if alloc is None else alloc(src.size)
-        copy_into(buf, 0, src)
-        if alloc is not None:
-            kept.append(buf)  # held, as the uploader holds its queued buffers
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
     return chunks * src.size / (time.perf_counter() - t0) / 1e9
 
 
-def measure(chunk_bytes: int, chunks: int, repeat: int) -> dict[str, list[float]]:
+def measure(chunk_bytes: int, chunks: int, repeat: int, threads: int) -> dict[str, list[float]]:
     """GB/s of each way in each of ``repeat`` rounds (the ways in turn within a round)."""
     src = np.random.default_rng(0).integers(0, 255, chunk_bytes, dtype=np.uint8)
-    allocs = {"reused": None, "fresh": lambda n: np.empty(n, dtype=np.uint8)}
-    allocs["fresh_huge"] = huge_buffer
+    fresh = lambda n: np.empty(n, dtype=np.uint8)  # noqa: E731
+    allocs = {"reused": None, "fresh": fresh, "fresh_threads": fresh, "fresh_huge": huge_buffer}
     runs: dict[str, list[float]] = {w: [] for w in WAYS}
     for r in range(repeat):
         for way in WAYS:
-            runs[way].append(_round(src, chunks, allocs[way]))
+            n = threads if way == "fresh_threads" else 1
+            runs[way].append(_round(src, chunks, allocs[way], n))
         done = ", ".join(f"{w} {runs[w][-1]:.2f} GB/s" for w in WAYS)
         print(f"[fresh_copy] round {r + 1}/{repeat}: {done}", file=sys.stderr, flush=True)
     return {w: [round(x, 3) for x in runs[w]] for w in WAYS}
@@ -82,8 +97,9 @@ def table(result: dict) -> str:
     cells += [f"{g[f'{w}_gbps']:.2f} ({g[f'{w}_gbps'] / g['reused_gbps']:.2f}x)" for w in WAYS[1:]]
     return "\n".join(
         [
-            "| chunk | chunks | reused GB/s | fresh GB/s (of reused) | fresh, huge pages GB/s |",
-            "|---|---|---|---|---|",
+            f"| chunk | chunks | reused GB/s | fresh GB/s (of reused) | fresh, {st['threads']} "
+            "threads GB/s | fresh, huge pages GB/s |",
+            "|---|---|---|---|---|---|",
             f"| {st['chunk_bytes']} | {st['chunks']} | " + " | ".join(cells) + " |",
         ]
     )
@@ -94,17 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-bytes", default="9MiB")
     ap.add_argument("--chunks", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4, help="copy threads of fresh_threads")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--commit", default=None, help="the commit measured (a tree without git)")
     args = ap.parse_args(argv)
     chunk_bytes = parse_size("--chunk-bytes", args.chunk_bytes)
-    if chunk_bytes < 4096 or args.chunks < 1 or args.repeat < 1:
-        ap.error("--chunk-bytes must be at least 4KiB, --chunks and --repeat at least 1")
+    if chunk_bytes < 4096 or min(args.chunks, args.repeat, args.threads) < 1:
+        ap.error("--chunk-bytes must be at least 4KiB; --chunks, --repeat, --threads at least 1")
     settings = {"chunk_bytes": args.chunk_bytes, "chunks": args.chunks, "repeat": args.repeat}
+    settings["threads"] = args.threads
     result = {
         "settings": settings,
         "transparent_hugepage": THP.read_text().strip() if THP.exists() else None,
-        "rounds_gbps": (rounds := measure(chunk_bytes, args.chunks, args.repeat)),
+        "rounds_gbps": (rounds := measure(chunk_bytes, args.chunks, args.repeat, args.threads)),
         "gbps": {f"{w}_gbps": round(statistics.median(rounds[w]), 3) for w in WAYS},
         "provenance": provenance(False, args.commit),
     }
