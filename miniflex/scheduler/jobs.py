@@ -181,7 +181,7 @@ class LoadRecord(JobRecord):
                 st.remote_answer = None  # ask the store again, not the old answer
             self._restore_stores(st, ctx.ns.blocks_per_chunk)
             if self.ok and self.seconds.get("wall"):  # every rank's load succeeded
-                st.account.load_seconds = self.seconds
+                st.account.load_seconds |= self.seconds
             if not self.counted:
                 st.account.credit(served)
                 self._trace(st, self._good_blocks() if self.ok else 0, ctx.ns.blocks_per_chunk)

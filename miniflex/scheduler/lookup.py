@@ -84,6 +84,8 @@ class HitLookup:
         """
         st.num_computed_tokens = num_computed
         st.num_prompt_tokens = num_tokens
+        if st.account.looked_up_at is None:
+            st.account.looked_up_at = time.perf_counter()
         if st.prompt_end is None:
             st.prompt_end = num_tokens
         keys = self.keys(st, block_hashes)

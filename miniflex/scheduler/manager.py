@@ -161,6 +161,7 @@ class MiniFlexManager:
         """Pin the chunks to load into ``block_ids`` (the request's whole block table)."""
         st = self.state_for(req_id)
         st.block_ids = list(block_ids)
+        looked_up_at, st.account.looked_up_at = st.account.looked_up_at, None  # the next is anew
         self.advisor.record(st, self.stats)
         self.trace.allocated(st)
         self.tiers.touch(st.keys.array)  # the whole prompt, vLLM's own hit included
@@ -177,7 +178,7 @@ class MiniFlexManager:
         fetch = self.remote is not None and not in_step
         sources = acquire_for_load(self.tiers, keys, fetch, in_step)
         st.load = PendingLoad(first, num_external, sources, timing)
-        st.account.loaded_as, st.account.load_seconds = timing, {}  # times come with its result
+        st.account.start_load(timing, looked_up_at)  # the workers' times come with its result
         self.stats.load_timing[timing.value] += 1
         logger.debug("MiniFlex %s: %d tokens load %s", req_id, num_external, timing.value)
         self._to_load.append(req_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -58,11 +59,21 @@ class ReqAccount:
     decided: bool = False  # the cost model's decision was counted in stats
     ttft_start: float | None = None  # perf_counter at allocation, while its TTFT is measured
     ttft_measured_s: float | None = None  # the TTFT measured beside its decision's prediction
+    looked_up_at: float | None = None  # perf_counter at its first lookup since allocation
     load_seconds: dict[str, float] = field(default_factory=dict)
-    """Its last asynchronous load, on the slowest rank: ``wall`` (from the plan reaching the
-    worker to the report), ``wait`` (of that, before a lane started it: waits for the put
-    copies and write-backs of its slots, and for its lane), and the time its SSD reads,
-    remote fetches and GPU copies took (``ssd``, ``remote``, ``copy``: lanes may overlap)."""
+    """Its last asynchronous load: ``queued`` (from its first lookup to vLLM allocating its
+    blocks: its wait for KV space or its turn), then, on the slowest rank, once every
+    rank's load succeeded: ``wall`` (from the plan reaching the worker to the report),
+    ``wait`` (of that, before a lane started it: waits for the put copies and write-backs
+    of its slots, and for its lane), and the time its SSD reads, remote fetches and GPU
+    copies took (``ssd``, ``remote``, ``copy``: lanes may overlap)."""
+
+    def start_load(self, timing: LoadTiming, looked_up_at: float | None) -> None:
+        """A load of ``timing`` was planned now, for blocks allocated after a lookup at
+        ``looked_up_at``: its times start over (see ``load_seconds``)."""
+        self.loaded_as, self.load_seconds = timing, {}
+        if timing is LoadTiming.ASYNC and looked_up_at is not None:
+            self.load_seconds["queued"] = time.perf_counter() - looked_up_at
 
     def credit(self, served: Mapping[str, int]) -> None:
         """Add a finished load's tokens per tier (``served_by_tier``) to the request's hits."""
@@ -126,7 +137,8 @@ class ReqState:
         """What ``request_finished`` returns as the request's ``kv_transfer_params``: its hit
         in tokens, by tier, what each tier held of it at its last lookup, what of that the
         cost model chose to recompute (where it did), and its last asynchronous load's times
-        (``load_wall_s``, ``load_wait_s``, ``load_ssd_s``, ``load_remote_s``, ``load_copy_s``)."""
+        (``load_queued_s``, ``load_wall_s``, ``load_wait_s``, ``load_ssd_s``,
+        ``load_remote_s``, ``load_copy_s``)."""
         a = self.account
         return {
             "miniflex": {

@@ -12,8 +12,8 @@ prediction held::
      "decision": {"load_chunks": 10, "resident_chunks": 10, "predicted_s": 0.21,
                   "load_all_s": 0.21, "recompute_s": 0.48, "layerwise": false},
      "ttft_measured_s": 0.23, "stored_tokens": 2816, "time": 1733400000.0,
-     "load_seconds": {"wall": 0.19, "wait": 0.0, "ssd": 0.15, "remote": 0.0,
-                      "copy": 0.03}}
+     "load_seconds": {"queued": 0.0, "wall": 0.19, "wait": 0.0, "ssd": 0.15,
+                      "remote": 0.0, "copy": 0.03}}
 
 A chunk's ``from`` is ``gpu`` (vLLM's own prefix cache), ``cpu``, ``ssd`` or
 ``remote`` (MiniFlex loaded it), ``failed`` (its read failed its checksum or
@@ -22,7 +22,9 @@ counts the prompt's tokens by the same names, ``gpu`` and the loaded ones
 block by block. ``key`` is the chunk's MiniFlex key (as an SSD journal or the
 remote store names it). ``decision`` and ``ttft_measured_s`` are present when
 the calibrated cost model decided the load. ``load_seconds`` (an asynchronous
-load's, on its slowest rank): ``wall`` from the plan reaching the worker to its report,
+load's): ``queued`` from the request's first lookup to vLLM allocating its blocks (its
+wait for KV space or its turn), and on its slowest rank ``wall`` from the plan reaching
+the worker to its report,
 ``wait`` the part of it before a lane started the load (its slots' put copies and
 write-backs, its lane busy), and the time its SSD reads, remote fetches and GPU copies
 took (lanes may overlap, so the parts may add up to more than ``wall``). The file is

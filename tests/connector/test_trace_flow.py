@@ -8,16 +8,18 @@ held, what MiniFlex loaded from which tier, and which chunk failed its checksum.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from miniflex.keys import chunk_key
-from tests.connector.harness import BLOCK, Harness
+from tests.connector.harness import BLOCK, Harness, make_harness
 from tests.connector.test_ssd_flow import (
     CHUNK,
     CHUNKS,
+    SLOT,
     damage_slot,
     harness,
     serve_again,
@@ -74,6 +76,34 @@ def test_the_trace_names_each_chunks_source_across_a_restart(tmp_path: Path, ssd
     times = h2.params["b"]["miniflex"]  # the load's times, as the request's params give them
     assert times["load_wall_s"] >= times["load_ssd_s"] > 0 and times["load_copy_s"] > 0
     assert times["load_wall_s"] - times["load_ssd_s"] >= times["load_wait_s"] >= 0
+
+
+def test_a_load_that_waited_for_kv_space_reports_the_wait_as_queued(tmp_path: Path) -> None:
+    """A request whose hit waits for vLLM's KV space (another request holds it) reports
+    the wait from its first lookup to its allocation as ``load_queued_s``; the load's own
+    times start at the allocation."""
+    prompt_blocks = -(-len(tokens(0)) // BLOCK)
+    h = make_harness(
+        tmp_path / "model", cpu_bytes=str(16 * SLOT), max_batched=2 * CHUNK, num_blocks=16
+    )
+    assert 2 * prompt_blocks > 16  # the hog and the hit cannot hold blocks at once
+    h.cached_in_miniflex_only("a", tokens(0))
+    h.add("hog", tokens(1), max_tokens=12)
+    h.step()
+    h.add("b", tokens(0), max_tokens=2)
+    paused = 0.0
+    while "b" not in h.params:
+        scheduled = {r.req_id for r in h.step().scheduled_new_reqs}
+        if "b" in scheduled or "b" in h.params:
+            continue
+        time.sleep(0.05)  # each step while b waits for blocks
+        paused += 0.05
+    h.run()
+    b = h.params["b"]["miniflex"]
+    assert b["hit_tokens"] == CHUNKS * CHUNK and b["load"] == "async"
+    assert paused >= 0.2, "b never waited for KV space"
+    assert b["load_queued_s"] >= paused / 2  # the steps before the hog's prefill ended too
+    assert b["load_wall_s"] < b["load_queued_s"]
 
 
 def test_a_trace_file_that_cannot_be_opened_is_refused_by_name(tmp_path: Path) -> None:
