@@ -17,6 +17,9 @@ chunks are copied four ways, one after the other, from one source chunk, with
 - ``fresh_huge``: into new anonymous mappings advised ``MADV_HUGEPAGE`` (transparent huge
   pages where the kernel grants them, ``/sys/kernel/mm/transparent_hugepage``).
 
+Run as a program, every buffer is fresh memory (``bench/fresh_memory.py``): without
+that, glibc would hand a round the pages of the buffers an earlier round freed.
+
 Prints JSON (each round's GB/s, and the medians over ``--repeat`` rounds) and a table of
 the medians, each fresh copy as a fraction of the reused one. Fresh memory's speed depends
 on what the kernel (and, in a VM, the host) must do to back a page, so rounds scatter.
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.fresh_memory import fresh_buffers
 from miniflex.bytecopy import copy_into
 from miniflex.config.parse import parse_size
 from miniflex.tools.bench.provenance import provenance
@@ -105,7 +109,9 @@ def table(result: dict) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fresh: bool = False) -> int:
+    """``fresh``: every large allocation is fresh memory (:func:`fresh_buffers`), so that
+    no round reuses the pages of the buffers an earlier one freed."""
     ap = argparse.ArgumentParser(prog="python -m bench.fresh_copy", description=__doc__)
     ap.add_argument("--chunk-bytes", default="9MiB")
     ap.add_argument("--chunks", type=int, default=256)
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if chunk_bytes < 4096 or min(args.chunks, args.repeat, args.threads) < 1:
         ap.error("--chunk-bytes must be at least 4KiB; --chunks, --repeat, --threads at least 1")
     settings = {"chunk_bytes": args.chunk_bytes, "chunks": args.chunks, "repeat": args.repeat}
-    settings["threads"] = args.threads
+    settings["threads"], settings["fresh"] = args.threads, fresh
     result = {
         "settings": settings,
         "transparent_hugepage": THP.read_text().strip() if THP.exists() else None,
@@ -136,4 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(fresh=fresh_buffers()))

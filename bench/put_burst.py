@@ -17,14 +17,14 @@ burst runs at the put copies' speed, and the copies go into buffers not used bef
    chunk (the gpu-store lane's copy); every 16 (``PUT_GROUP``) are handed to the
    uploader as one group;
 2. the puts are held back for the burst, as a rank's puts wait while its loads fetch
-   (``fetch_gate.py``), then sent to a private redis-server (untimed; the same keys
-   each pass, so later passes find them held).
+   (``fetch_gate.py``), then sent (untimed) to a redis-server of the pass's own, so that
+   none is found held already and no buffer is given back for reuse during the burst.
 
 Every copy buffer is fresh memory, as in the first burst past the buffers an uploader has
-made: glibc is told to map each buffer anew and unmap it when freed (``mallopt``), where it
-would otherwise keep a freed buffer's pages for the next pass.
+made (``bench/fresh_memory.py``); the pool's slots are written once before the burst.
 
-Each row: the burst's median time (first store to last), its GB/s, and its speed-up over
+Each row: the burst's median time (from the first store until every chunk is stored and
+copied for its put), its GB/s, and its speed-up over
 one copy thread, measured in the same run, passes interleaved. The ceiling is
 ``fresh_copy``'s copy into reused buffers.
 """
@@ -32,8 +32,6 @@ one copy thread, measured in the same run, passes interleaved. The ceiling is
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import os
 import statistics
 import sys
@@ -43,6 +41,7 @@ import time
 
 import numpy as np
 
+from bench.fresh_memory import fresh_buffers
 from miniflex.bytecopy import copy_into
 from miniflex.config.parse import parse_size
 from miniflex.pool import HostPool
@@ -58,29 +57,27 @@ from miniflex.types import ChunkKey, SlotId
 NS = b"put-burst!!!!!!!"
 
 
-M_MMAP_THRESHOLD = -3
-"""glibc's ``mallopt`` parameter: allocations from this size on are mapped anew (and, once
-set, the threshold no longer grows as buffers are freed)."""
-
-
-def fresh_buffers() -> bool:
-    """Make every large allocation of this process fresh memory; False where libc has no
-    ``mallopt`` (not glibc): later passes may then reuse the pages of earlier ones."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    return bool(
-        libc is not None and hasattr(libc, "mallopt") and libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    )
-
-
 def log(msg: str) -> None:
     print(f"[put_burst] {msg}", file=sys.stderr, flush=True)
 
 
-def burst(url: str, args: argparse.Namespace, threads: int) -> float:
-    """Seconds to store ``--chunks`` chunks through ``--slots`` slots with write-through."""
+def burst(args: argparse.Namespace, threads: int) -> float:
+    """Seconds to store ``--chunks`` chunks through ``--slots`` slots with write-through,
+    against a redis-server of its own."""
+    memory = f"{args.chunks * args.nbytes * 2 // (1 << 30) + 1}gb"  # the chunks, enveloped
+    with tempfile.TemporaryDirectory(prefix="miniflex-put-burst-") as tmp:
+        server = private_store(tmp, 0, maxmemory=memory).start()
+        try:
+            return _burst(server.url, args, threads)
+        finally:
+            server.kill()
+
+
+def _burst(url: str, args: argparse.Namespace, threads: int) -> float:
     pool = HostPool(args.slots, args.nbytes)
     src = np.frombuffer(os.urandom(args.nbytes), dtype=np.uint8)
+    for s in range(args.slots):  # the CPU tier's pages, touched before the burst
+        copy_into(pool.slot(SlotId(s)), 0, src)
     gate = FetchGate()
     up = RemoteUploader(
         RedisStore(url, NS, timeout_s=30.0), args.chunks * args.nbytes, gate, threads
@@ -113,11 +110,11 @@ def burst(url: str, args: argparse.Namespace, threads: int) -> float:
     return seconds
 
 
-def measure(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
+def measure(args: argparse.Namespace) -> list[dict[str, object]]:
     times: dict[int, list[float]] = {n: [] for n in args.thread_counts}
     for p in range(args.repeat):
         for n in args.thread_counts:  # interleaved, so that drift hits every count alike
-            times[n].append(burst(url, args, n))
+            times[n].append(burst(args, n))
             log(f"pass {p} {n} copy threads: {times[n][-1] * 1e3:.1f} ms")
     total = args.chunks * args.nbytes
     base = statistics.median(times[args.thread_counts[0]])
@@ -165,16 +162,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fresh: bool = False) -> int:
+    """``fresh``: every copy buffer was made fresh memory (:func:`fresh_buffers`)."""
     args = parse_args(argv)
-    args.fresh = fresh_buffers()
-    memory = f"{args.chunks * args.nbytes * 2 // (1 << 30) + 1}gb"  # the chunks, enveloped
-    with tempfile.TemporaryDirectory(prefix="miniflex-put-burst-") as tmp:
-        server = private_store(tmp, 0, maxmemory=memory).start()
-        try:
-            rows = measure(server.url, args)
-        finally:
-            server.kill()
+    args.fresh = fresh
+    rows = measure(args)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "commit")}
     extra = {
         "settings": settings,
@@ -186,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(fresh=fresh_buffers()))

@@ -101,8 +101,9 @@ class _Buffers:
                 del self._spare[size]
         if self.held + nbytes > self.max_bytes:
             return None
+        buf = np.empty(nbytes, dtype=np.uint8)  # may raise: nothing is counted then
         self.held += nbytes
-        return np.empty(nbytes, dtype=np.uint8)
+        return buf
 
     def give_back(self, buf: np.ndarray) -> None:
         self._spare.setdefault(buf.nbytes, []).append(buf)
@@ -191,6 +192,16 @@ class RemoteUploader:
                 )
         return buf
 
+    def _take_safely(self, data: np.ndarray | memoryview) -> np.ndarray | None:
+        """:meth:`_take`, never raising (a copy thread must live on): a chunk whose buffer
+        cannot be had (no memory, a released view) is counted failed; under the lock."""
+        try:
+            return self._take(data)
+        except Exception as exc:
+            logger.error("MiniFlex: no buffer for a remote put's copy: %s", exc)
+            self._counts["failed"] += 1
+            return None
+
     def _copy(self, key: ChunkKey, data: np.ndarray | memoryview, buf: np.ndarray) -> bool:
         """Copy ``data`` into ``buf`` (outside the lock) and queue its put; False: failed."""
         try:
@@ -252,7 +263,7 @@ class RemoteUploader:
                     self._cond.notify_all()  # the put thread may stop now
                     return
                 chunks, copied = self._copies.popleft()
-                bufs = [self._take(data) for _, data in chunks]  # in the order handed over
+                bufs = [self._take_safely(data) for _, data in chunks]  # in the order handed over
                 self._copying += 1
             for (key, data), buf in zip(chunks, bufs, strict=True):
                 if buf is not None:

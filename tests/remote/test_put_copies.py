@@ -196,4 +196,3 @@ def test_a_load_that_waited_for_a_put_copy_reports_the_wait_in_its_wall_time(
     assert load.ok and load.wall_seconds >= held_s
     assert load.seconds < load.wall_seconds - held_s / 2
     assert held_s <= load.wait_seconds <= load.wall_seconds - load.seconds
-    assert store.wait_seconds < held_s / 2  # its lane started it at once

@@ -230,3 +230,24 @@ def test_when_the_backlog_runs_out_the_later_hand_off_is_dropped(server: LocalSe
     up.close()
     kept = [k for k in (0, 1, 10, 11, 20, 21) if up.store.get(key(k)) is not None]
     assert kept == [0, 1, 10]
+
+
+def test_a_chunk_that_cannot_be_copied_fails_alone_and_its_slots_are_let_go(
+    server: LocalServer,
+) -> None:
+    """A hand-off holding a view released before its copy (its buffer cannot be sized):
+    that chunk is counted failed, ``copied`` is still called, and the copy thread lives on
+    for the next hand-off."""
+    up = RemoteUploader(store(server.url), max_bytes=8 * CHUNK, copy_threads=1)
+    gone = memoryview(chunk(1))
+    gone.release()
+    first, second = threading.Event(), threading.Event()
+    up.offer_later([(key(1), gone), (key(2), chunk(2))], first.set)
+    up.offer_later([(key(3), chunk(3))], second.set)
+    assert first.wait(10) and second.wait(10)
+    assert up.flush(10)
+    stats = up.stats()
+    assert (stats.offered, stats.failed, stats.put) == (3, 1, 2)
+    assert stats.buffer_bytes <= 2 * CHUNK  # no buffer counted for the failed chunk
+    assert up.store.get(key(3)) == chunk(3).tobytes()
+    up.close()
