@@ -169,7 +169,7 @@ class WorkerRemote:
         self, job: TransferJob, result: JobResult, copied: Sequence[Callable[[], None]]
     ) -> None:
         """A job with puts was reported (a STORE's write-through, a DEMOTE's write-back): its
-        slots are copied for the puts on the uploader's copy thread, group by group
+        slots are copied for the puts on the uploader's copy threads, group by group
         (:func:`put_groups`, one callback of ``copied`` each, called once the group is
         copied); every callback at once when there is nothing to put (a failed job, no
         uploader). Until its callback the caller keeps a group's slots unchanged."""

@@ -21,7 +21,7 @@ each in plan order:
   no other job reads or writes a slot being stored or promoted into;
 * a job with remote puts (a store's write-through, a write-back's) is reported
   done as soon as its own copy is, so vLLM gets its blocks back; its slots are
-  then copied for the puts on the uploader's copy thread (the gpu-store lane goes
+  then copied for the puts on the uploader's copy threads (the gpu-store lane goes
   on with the next store), and are registered the same way until they are
   (``slot_guard.py``);
 * asynchronous loads are queued at ``start_load_kv``, into blocks of requests that wait
@@ -308,8 +308,8 @@ class MiniFlexHandler:
             self._report(it, res)
 
     def _report(self, item: QueuedJob, res: JobResult) -> None:
-        """Resolve the job; hand its remote puts to the uploader, whose copy thread (not this
-        one: the next store would wait) copies their slots, then resolves ``item.copied``."""
+        """Resolve the job; hand its remote puts to the uploader, whose copy threads (not this
+        one: the next store would wait) copy their slots, then resolves ``item.copied``."""
         wall = time.perf_counter() - item.queued_at
         res = replace(res, wall_seconds=wall, wait_seconds=waited(item))
         item.done.set_result(res)

@@ -59,8 +59,8 @@ class QueuedJob:
     copied: tuple[Future[JobResult], ...] = ()
     """A job with remote puts (STORE, DEMOTE): one future per group of its puts
     (:func:`~miniflex.remote.tier.put_groups`), done once that group's slots are copied for
-    the puts, on the uploader's copy thread (the job itself is reported before that, see
-    :class:`~miniflex.worker.slot_guard.SlotGuard`); empty without puts."""
+    the puts, on one of the uploader's copy threads (the job itself is reported before that,
+    see :class:`~miniflex.worker.slot_guard.SlotGuard`); empty without puts."""
 
 
 def started(item: QueuedJob) -> QueuedJob:
