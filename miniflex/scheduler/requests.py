@@ -63,8 +63,8 @@ class ReqAccount:
     load_seconds: dict[str, float] = field(default_factory=dict)
     """Its last asynchronous load: ``queued`` (from its first lookup to vLLM allocating its
     blocks: its wait for KV space; while backfill passes over it, it is not looked up, and
-    that wait is not counted), then, on the slowest rank, once every
-    rank's load succeeded: ``wall`` (from the plan reaching the worker to the report),
+    that wait is not counted), then, on the slowest rank, once every rank's load
+    succeeded: ``wall`` (from the plan reaching the worker to the report),
     ``wait`` (of that, before a lane started it: waits for the put copies and write-backs
     of its slots, and for its lane), and the time its SSD reads, remote fetches and GPU
     copies took (``ssd``, ``remote``, ``copy``: lanes may overlap)."""

@@ -23,13 +23,12 @@ block by block. ``key`` is the chunk's MiniFlex key (as an SSD journal or the
 remote store names it). ``decision`` and ``ttft_measured_s`` are present when
 the calibrated cost model decided the load. ``load_seconds`` (an asynchronous
 load's): ``queued`` from the request's first lookup to vLLM allocating its blocks (its
-wait for KV space or its turn), and on its slowest rank ``wall`` from the plan reaching
-the worker to its report,
-``wait`` the part of it before a lane started the load (its slots' put copies and
-write-backs, its lane busy), and the time its SSD reads, remote fetches and GPU copies
-took (lanes may overlap, so the parts may add up to more than ``wall``). The file is
-opened once, appended to line by line (a line is whole once written, even if the engine
-is killed), and never truncated.
+wait for KV space), and on its slowest rank ``wall`` from the plan reaching the worker
+to its report, ``wait`` the part of it before a lane started the load (its slots' put
+copies and write-backs, its lane busy), and the time its SSD reads, remote fetches and
+GPU copies took (lanes may overlap, so the parts may add up to more than ``wall``). The
+file is opened once, appended to line by line (a line is whole once written, even if the
+engine is killed), and never truncated.
 """
 
 from __future__ import annotations

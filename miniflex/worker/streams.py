@@ -93,11 +93,17 @@ class StreamedLoad:
     """
 
     def __init__(
-        self, job: TransferJob, done: Future[JobResult], io: str, queued_at: float = 0.0
+        self,
+        job: TransferJob,
+        done: Future[JobResult],
+        io: str,
+        queued_at: float = 0.0,
+        waited: float = 0.0,
     ) -> None:
-        """``queued_at``: when the job reached the worker (its ``wall_seconds`` start)."""
+        """``queued_at``: when the job reached the worker (its ``wall_seconds`` start);
+        ``waited``: its ``wait_seconds``, before a lane started it."""
         self._job, self._done, self._io, self._queued_at = job, done, io, queued_at
-        self.waited = 0.0  # its ``wait_seconds``
+        self._waited = waited
         self._lock = threading.Lock()
         self._open = 1
         self._ok = True
@@ -156,7 +162,7 @@ class StreamedLoad:
                 self._ssd_s,
                 self._remote_s,
                 time.perf_counter() - self._queued_at if self._queued_at else 0.0,
-                self.waited,
+                self._waited,
             )
         )
 
@@ -193,8 +199,7 @@ class Streamer:
         by then are load errors (vLLM recomputes them)."""
         job = item.job
         io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-        load = StreamedLoad(job, item.done, io, item.queued_at)
-        load.waited = waited(item)
+        load = StreamedLoad(job, item.done, io, item.queued_at, waited(item))
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         handoff: Handoff | None = None
         try:
