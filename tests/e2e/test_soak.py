@@ -73,7 +73,8 @@ def test_a_full_disk_fails_ssd_writes_not_requests(soak: dict[str, Any]) -> None
 
 def test_kill_9_and_damaged_bytes_are_caught_and_recomputed(soak: dict[str, Any]) -> None:
     kill, after = rounds(soak)[2:]
-    assert kill["restarts"] == 1 and kill["cut_by_kill"] > 0, kill
+    assert kill["restarts"] == 1 and kill["in_flight_at_kill"] > 0, kill
+    assert kill["cut_by_kill"] > 0, kill
     assert kill["corrupted_chunks"] > 0 and kill["damaged_journal_records"] > 0, kill
     assert kill["journal_damage_logged"], kill  # the log counts exactly what was damaged
     assert kill["ssd_failures_read"] + after["ssd_failures_read"] > 0  # checksums caught it

@@ -34,7 +34,7 @@ from miniflex.tools.bench.base import Log, Workload
 from miniflex.tools.bench.driver import Driver
 from miniflex.tools.bench.faults import corrupt_chunks, corrupt_journal
 from miniflex.tools.bench.soak_checks import counters, wait_idle
-from miniflex.tools.bench.soak_load import Load, Outcome, PromptPool, mismatches
+from miniflex.tools.bench.soak_load import Load, Outcome, PromptPool, Tally, mismatches
 from miniflex.tools.bench.soak_server import ServerDriver
 
 __all__ = ["FAULTS", "SoakWorkload"]
@@ -135,19 +135,18 @@ class SoakWorkload(Workload):
         """Send a share, kill -9 with requests in flight, damage bytes, restart, send the rest."""
         srv, first = driver.server, int(n * KILL_AFTER)
         done = load.run(first, self.concurrency, self.abort_fraction, seed)
-        stop, cut, progress = threading.Event(), [], []
+        stop, cut, tally = threading.Event(), [], Tally()
         rest = n - first
         sender = threading.Thread(
-            target=lambda: cut.extend(
-                load.run(rest, self.concurrency, 0.0, seed + 1, stop, progress)
-            )
+            target=lambda: cut.extend(load.run(rest, self.concurrency, 0.0, seed + 1, stop, tally))
         )
         before_kill = counters(srv)
         sender.start()
         deadline = time.monotonic() + 60
-        while len(progress) < rest // 3 and time.monotonic() < deadline and sender.is_alive():
-            time.sleep(0.02)  # kill with about two thirds of these still to go, some in flight
+        while not _kill_now(tally, rest) and time.monotonic() < deadline and sender.is_alive():
+            time.sleep(0.005)
         stop.set()  # no request starts after this: those not sent go after the restart
+        row["in_flight_at_kill"] = tally.in_flight()
         srv.kill()
         sender.join()
         row["cut_by_kill"] = sum(1 for o in cut if o.error is not None)
@@ -257,3 +256,9 @@ def _since(t0: float) -> float:
 def _brief(row: dict[str, Any]) -> str:
     keys = ("fault", "requests", "completed", "mismatches", "errors", "idle_after_s", "pss_mib")
     return ", ".join(f"{k}={row.get(k)}" for k in keys)
+
+
+def _kill_now(tally: Tally, rest: int) -> bool:
+    """A third of the requests sent before the kill are back, and some are in flight, so the
+    kill cuts requests mid-way and two thirds are still to go."""
+    return len(tally.done) >= rest // 3 and tally.in_flight() > 0

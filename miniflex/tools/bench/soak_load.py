@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import threading
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-__all__ = ["Load", "Outcome", "PromptPool", "mismatches"]
+__all__ = ["Load", "Outcome", "PromptPool", "Tally", "mismatches"]
 
 
 class PromptPool:
@@ -76,6 +77,18 @@ class Outcome:
     seconds: float = 0.0
 
 
+class Tally:
+    """What one :meth:`Load.run` has sent and got back so far, for another thread to watch."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []  # prompt ids, appended as each request goes out
+        self.done: list[Outcome] = []  # appended as each outcome arrives
+
+    def in_flight(self) -> int:
+        """Requests sent whose outcome has not arrived."""
+        return len(self.sent) - len(self.done)
+
+
 class Load:
     """Sends requests to one server (``url``, serving ``model``)."""
 
@@ -102,23 +115,28 @@ class Load:
         abort_fraction: float,
         seed: int,
         stop: threading.Event | None = None,
-        finished: list[Outcome] | None = None,
+        tally: Tally | None = None,
     ) -> list[Outcome]:
         """``n`` requests, ``concurrency`` at a time; after ``stop`` is set none is sent.
 
-        ``finished``, if given, gets each outcome as it arrives (for another thread to
-        watch the progress)."""
+        Every request sent has an outcome: one that fails in any way (a refused or cut
+        connection, a reply cut short, garbage) is an outcome with its ``error``.
+        ``tally``, if given, counts them as they go out and come back."""
         rng = random.Random(f"soak-run/{seed}")
         plan = [(self.pool.pick(rng), rng.random() < abort_fraction) for _ in range(n)]
         stop = stop or threading.Event()
+        tally = tally or Tally()
 
         def one(item: tuple[int, bool]) -> Outcome | None:
             if stop.is_set():
                 return None
             prompt, abort = item
-            out = self._abort(prompt) if abort else self._complete(prompt)
-            if finished is not None:
-                finished.append(out)
+            tally.sent.append(prompt)
+            try:
+                out = self._abort(prompt) if abort else self._complete(prompt)
+            except Exception as exc:  # never lose a request's outcome to a client bug
+                out = Outcome(prompt, abort, error=_describe(exc))
+            tally.done.append(out)
             return out
 
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -152,7 +170,7 @@ class Load:
             with urllib.request.urlopen(self._request(prompt, False), timeout=self.timeout_s) as r:
                 body = json.loads(r.read())
             tokens = tuple(int(t) for t in body["choices"][0]["token_ids"])
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
             return Outcome(prompt, False, error=_describe(exc), seconds=time.perf_counter() - t0)
         return Outcome(prompt, False, tokens=tokens, seconds=time.perf_counter() - t0)
 
@@ -167,7 +185,7 @@ class Load:
                         break  # the first token arrived: hang up mid-stream
             finally:
                 r.close()
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             return Outcome(prompt, True, error=_describe(exc), seconds=time.perf_counter() - t0)
         return Outcome(prompt, True, seconds=time.perf_counter() - t0)
 
