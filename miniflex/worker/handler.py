@@ -62,6 +62,7 @@ from miniflex.ranks import RankSetup
 from miniflex.remote.tier import WorkerRemote, put_groups
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
+from miniflex.worker.completions import Completions
 from miniflex.worker.job_runner import (
     QueuedJob,
     execute,
@@ -113,12 +114,7 @@ class MiniFlexHandler:
         r = self._reads
         self._lanes = (self._load, self._store, self._ssd_write, r.ssd_read, r.fetch)
         self._guard = SlotGuard()  # CPU slots still read by write-backs and put copies
-        self._done: list[JobResult] = []
-        self._pending: dict[ReqId, list[Future[JobResult]]] = {}
-        self._release: set[ReqId] = set()
-        self._load_errors: set[BlockId] = set()
-        self._failed_loads: set[ReqId] = set()  # requests of the load errors
-        self._results: list[JobResult] = []
+        self._jobs = Completions()  # every queued job's future, by request
         self._plan: TransferPlan | None = None
         self._submitted: set[JobKind] = set()
         self._pinned = False
@@ -214,8 +210,7 @@ class MiniFlexHandler:
         assert self._mover is not None
         fence, stores = self._mover.fence(), StoreBatch(self._store.submit)  # one copy
         for job in jobs:
-            fut: Future[JobResult] = Future()
-            self._pending.setdefault(job.req_id, []).append(fut)
+            fut = self._jobs.track(job.req_id)
             puts = bool(job.puts) and self._remote is not None and self._writes
             copied = tuple(Future() for _ in put_groups(job.puts)) if puts else ()
             item = QueuedJob(job, fence, fut, copied=copied)
@@ -256,8 +251,7 @@ class MiniFlexHandler:
         if not self._step_loads:
             return
         for res in self._step_loads.finish():
-            self._results.append(res)
-            self._note_errors(res)
+            self._jobs.add(res)
 
     def forward_started(self, plan: TransferPlan) -> None:
         """vLLM is about to run the forward of ``plan``'s step (timed for the cost model)."""
@@ -274,24 +268,20 @@ class MiniFlexHandler:
 
     def release_when_saved(self, plan: TransferPlan) -> None:
         """Report the plan's released requests as finished-sending once their stores are done."""
-        self._release.update(plan.release)
+        self._jobs.release_when_done(plan.release)
 
     def in_flight(self, req_id: ReqId) -> int:
         """Jobs of this request queued or running (not yet done)."""
-        return sum(not f.done() for f in self._pending.get(req_id, ()))
+        return self._jobs.in_flight(req_id)
 
     def drain(self) -> None:
         """Block until every queued job is done, its puts' copies too (shutdown, tests)."""
-        for futs in list(self._pending.values()):
-            for fut in list(futs):
-                fut.result()
+        self._jobs.drain()
         self._guard.wait_all()
 
     def wait_for(self, req_ids: tuple[ReqId, ...]) -> None:
         """Block until every queued job of these requests is done (their blocks may be reused)."""
-        for r in req_ids:
-            for fut in list(self._pending.get(r, ())):
-                fut.result()
+        self._jobs.wait_for(req_ids)
 
     def _run_job(self, item: QueuedJob) -> None:
         """A LOAD's copies (gpu-load), a DEMOTE or CLEAR (ssd-write)."""
@@ -336,25 +326,7 @@ class MiniFlexHandler:
     # ---- completion reporting ----
     def poll(self) -> tuple[set[str], set[str]]:
         """Collect finished jobs: (finished_sending, finished_recving) request ids for vLLM."""
-        recving: set[str] = set()
-        for req_id, futs in list(self._pending.items()):
-            still = []
-            for fut in futs:
-                if not fut.done():
-                    still.append(fut)
-                    continue
-                res = fut.result()
-                self._results.append(res)
-                if res.kind is JobKind.LOAD:
-                    recving.add(res.req_id)
-                    self._note_errors(res)
-            if still:
-                self._pending[req_id] = still
-            else:
-                del self._pending[req_id]
-        sending = {r for r in self._release if r not in self._pending}
-        self._release -= sending
-        return sending, recving
+        return self._jobs.poll()
 
     def take_probe(self) -> LoadProbe | None:
         """The start-up load probe (:mod:`miniflex.worker.probe`), once."""
@@ -362,20 +334,11 @@ class MiniFlexHandler:
         return out
 
     def take_results(self) -> list[JobResult]:
-        out, self._results = self._results, []
-        return out
-
-    def _note_errors(self, res: JobResult) -> None:
-        if res.failed_block_ids:
-            self._load_errors.update(res.failed_block_ids)
-            if res.req_id is not None:
-                self._failed_loads.add(res.req_id)
+        return self._jobs.take_results()
 
     def take_load_errors(self) -> tuple[set[BlockId], set[ReqId]]:
         """The blocks of the loads that failed since the last call, and their requests."""
-        out = self._load_errors, self._failed_loads
-        self._load_errors, self._failed_loads = set(), set()
-        return out
+        return self._jobs.take_load_errors()
 
     def shutdown(self) -> None:
         self.finish_step_loads()
