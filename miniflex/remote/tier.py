@@ -166,24 +166,26 @@ class WorkerRemote:
         return bps
 
     def finished(
-        self, job: TransferJob, result: JobResult, copied: Sequence[Callable[[], None]]
+        self,
+        job: TransferJob,
+        result: JobResult,
+        groups: Sequence[tuple[Sequence[RemoteCopy], Callable[[], None]]],
     ) -> None:
-        """A job with puts was reported (a STORE's write-through, a DEMOTE's write-back): its
-        slots are copied for the puts on the uploader's copy threads, group by group
-        (:func:`put_groups`, one callback of ``copied`` each, called once the group is
-        copied); every callback at once when there is nothing to put (a failed job, no
-        uploader). Until its callback the caller keeps a group's slots unchanged."""
+        """A job with puts was reported (a STORE's write-through, a DEMOTE's write-back):
+        ``groups`` are its puts as handed over (:func:`put_groups`), each with the callback
+        to call once the uploader's copy threads have copied that group's slots; every
+        callback at once when there is nothing to put (a failed job, no uploader). Until
+        its callback the caller keeps a group's slots unchanged."""
         if not job.puts or self.uploader is None or not result.ok or self._pool is None:
             if job.puts and self.uploader is not None:  # the job failed: nothing to put
                 self.uploader.not_put(len(job.puts))
-            for done in copied:
+            for _, done in groups:
                 done()
             return
         pool = self._pool
-        groups = [[(c.key, pool.slot(c.cpu)) for c in group] for group in put_groups(job.puts)]
-        assert len(groups) == len(copied), "one callback per group of puts"
-        for group, done in zip(groups, copied, strict=True):  # nothing left to raise
-            self.uploader.offer_later(group, done)
+        slots = [[(c.key, pool.slot(c.cpu)) for c in group] for group, _ in groups]
+        for chunks, (_, done) in zip(slots, groups, strict=True):  # nothing left to raise
+            self.uploader.offer_later(chunks, done)
 
     def take_outcome(self) -> PutOutcome:
         """What this rank's puts came to since the last call (nothing without puts)."""

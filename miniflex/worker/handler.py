@@ -64,6 +64,7 @@ from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ReqId
 from miniflex.worker.completions import Completions
 from miniflex.worker.job_runner import (
+    PutGroup,
     QueuedJob,
     execute,
     fail_unreported,
@@ -212,11 +213,11 @@ class MiniFlexHandler:
         for job in jobs:
             fut = self._jobs.track(job.req_id)
             puts = bool(job.puts) and self._remote is not None and self._writes
-            copied = tuple(Future() for _ in put_groups(job.puts)) if puts else ()
-            item = QueuedJob(job, fence, fut, copied=copied)
+            groups = tuple(PutGroup(g, Future()) for g in put_groups(job.puts)) if puts else ()
+            item = QueuedJob(job, fence, fut, puts=groups)
             if job.kind in (JobKind.DEMOTE, JobKind.CLEAR):
                 self._guard.hold((c.cpu for c in job.demotions), fut)
-                if not copied:
+                if not groups:
                     self._guard.hold((c.cpu for c in job.remote), fut)
                 self._hold_puts(item)
                 self._ssd_write.submit(item)
@@ -234,9 +235,8 @@ class MiniFlexHandler:
 
     def _hold_puts(self, item: QueuedJob) -> None:
         """Register each group of the job's puts against its slots until it is copied."""
-        if item.copied:
-            for group, copied in zip(put_groups(item.job.puts), item.copied, strict=True):
-                self._guard.hold((c.cpu for c in group), copied)
+        for group in item.puts:
+            self._guard.hold((c.cpu for c in group.copies), group.copied)
 
     def wait_layer(self, layer_name: str) -> None:
         """Before attention layer ``layer_name`` runs: order it after this step's loads."""
@@ -299,20 +299,19 @@ class MiniFlexHandler:
 
     def _report(self, item: QueuedJob, res: JobResult) -> None:
         """Resolve the job; hand its remote puts to the uploader, whose copy threads (not this
-        one: the next store would wait) copy their slots, then resolves ``item.copied``."""
+        one: the next store would wait) copy their slots, then resolve each group's future."""
         wall = time.perf_counter() - item.queued_at
         res = replace(res, wall_seconds=wall, wait_seconds=waited(item))
         item.done.set_result(res)
-        if not item.copied:
+        if not item.puts:
             return
         assert self._remote is not None
-
-        callbacks = [resolver(copied, res) for copied in item.copied]
+        groups = [(g.copies, resolver(g.copied, res)) for g in item.puts]
         try:
-            self._remote.finished(item.job, res, callbacks)
+            self._remote.finished(item.job, res, groups)
         except Exception as exc:  # the worker boundary: the puts are lost, nothing else
             logger.error("MiniFlex: the puts of job %d were not queued: %s", item.job.job_id, exc)
-            for done in callbacks:
+            for _, done in groups:
                 done()
 
     def take_thread_cpu(self) -> float:

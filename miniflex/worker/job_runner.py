@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 
 from miniflex.errors import TransferError
 from miniflex.gpu.base import KVMover
-from miniflex.plan import JobKind, JobResult, TransferJob
+from miniflex.plan import JobKind, JobResult, RemoteCopy, TransferJob
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 
 __all__ = [
     "Promoted",
+    "PutGroup",
     "QueuedJob",
     "execute",
     "fail_unreported",
@@ -42,6 +43,15 @@ the remote fetches."""
 
 
 @dataclass(frozen=True)
+class PutGroup:
+    """One hand-off of a job's remote puts (:func:`~miniflex.remote.tier.put_groups`) and
+    the future resolved once the uploader has copied their slots."""
+
+    copies: tuple[RemoteCopy, ...]
+    copied: Future[JobResult]
+
+
+@dataclass(frozen=True)
 class QueuedJob:
     """A job on its way through the worker's threads."""
 
@@ -56,11 +66,11 @@ class QueuedJob:
     """When the job's plan reached the worker (``JobResult.wall_seconds`` counts from it)."""
     started_at: float = 0.0
     """When a lane first started it (0: not yet; ``JobResult.wait_seconds`` ends there)."""
-    copied: tuple[Future[JobResult], ...] = ()
-    """A job with remote puts (STORE, DEMOTE): one future per group of its puts
-    (:func:`~miniflex.remote.tier.put_groups`), done once that group's slots are copied for
-    the puts, on one of the uploader's copy threads (the job itself is reported before that,
-    see :class:`~miniflex.worker.slot_guard.SlotGuard`); empty without puts."""
+    puts: tuple[PutGroup, ...] = ()
+    """A job with remote puts (STORE, DEMOTE): its puts in groups, each done once its slots
+    are copied for the puts, on one of the uploader's copy threads (the job itself is
+    reported before that, see :class:`~miniflex.worker.slot_guard.SlotGuard`); empty
+    without puts."""
 
 
 def started(item: QueuedJob) -> QueuedJob:
@@ -98,8 +108,8 @@ def fail_unreported(item: QueuedJob, exc: Exception) -> None:
     if not item.done.done():
         res = failed_result(item.job, exc, time.perf_counter())
         item.done.set_result(res)
-        for copied in item.copied:  # never handed to the uploader: nothing reads the slots
-            resolver(copied, res)()
+        for group in item.puts:  # never handed to the uploader: nothing reads the slots
+            resolver(group.copied, res)()
 
 
 def unread(job: TransferJob, failed_keys: set[ChunkKey]) -> tuple[set[SlotId], list[BlockId]]:

@@ -21,13 +21,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +107,7 @@ class ServerProcess:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
                         return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
+            except (OSError, http.client.HTTPException):  # not up yet, or mid-start
                 pass
             if time.monotonic() - t0 > timeout_s:
                 raise MiniFlexError(f"{self.name} not healthy after {timeout_s:.0f} s")
