@@ -27,7 +27,8 @@ each in plan order:
 * asynchronous loads are queued at ``start_load_kv``, into blocks of requests that wait
   for them, which no forward touches. A load with reads is chained from lane to lane
   once its slots are written back, like a store: remote fetches, SSD promotions, then
-  its GPU copies; chunks past the CPU tier stream part by part (``streams.py``);
+  its GPU copies; chunks past the CPU tier stream part by part (``streams.py``), without
+  waiting for those slots (``LoadReads.submit_after``);
 * loads inside a step (SYNC, LAYERWISE) are issued on vLLM's thread at
   ``start_load_kv`` and finished once the forward is issued (``step_loads.py``);
   their SSD chunks are read layer by layer meanwhile (``step_reads.py``);
@@ -222,8 +223,7 @@ class MiniFlexHandler:
                 self._hold_puts(item)
                 self._ssd_write.submit(item)
             elif job.reads or job.streams:  # read into slots once written back, then copy
-                reads = {c.cpu for c in job.reads}
-                self._guard.after(reads, lambda i=item: self._reads.submit(i))
+                self._reads.submit_after(item, self._guard)
             elif job.kind is JobKind.STORE and job.req_id in self._step_loads.failed:
                 fut.set_result(failed_result(job, TransferError(_OVER_FAILED), time.perf_counter()))
             elif job.kind is JobKind.STORE:

@@ -19,8 +19,9 @@ that a stalled store never holds up other requests' disk reads.
 Each lane adds what it read to the job's :data:`Promoted` (failed keys, SSD
 seconds, remote seconds). A failed key's blocks become load errors; reads
 that raise fail the job, and the blocks not copied by then become load errors
-too (vLLM recomputes them). The handler queues a job here once every slot it reads into is
-free (:class:`~miniflex.worker.slot_guard.SlotGuard`).
+too (vLLM recomputes them). A job is queued here once every slot it reads into is
+free (:meth:`LoadReads.submit_after`, :class:`~miniflex.worker.slot_guard.SlotGuard`); its
+streamed chunks, which touch no such slot, go at once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from miniflex.worker.job_runner import (
 )
 from miniflex.worker.lanes import Lane
 from miniflex.worker.promotions import Promoter
+from miniflex.worker.slot_guard import SlotGuard
 from miniflex.worker.streams import StagingRing, Streamer
 
 __all__ = ["LoadReads"]
@@ -66,6 +68,18 @@ class LoadReads:
         """Read ``item``'s chunks, then queue its copies; its read slots are free."""
         job = item.job
         (self.fetch if job.remote or not job.touches_ssd else self.ssd_read).submit(item)
+
+    def submit_after(self, item: QueuedJob, guard: SlotGuard) -> None:
+        """Submit ``item`` once the CPU slots it reads into are free (``guard``); a load that
+        also streams sends its streamed part at once if they are not, as a load of its own
+        (:meth:`Streamer.split`): staging slots are no reader's, so that part never waits
+        for the write-backs and put copies of slots it does not touch."""
+        reads = {c.cpu for c in item.job.reads}
+        if item.job.streams and reads and guard.busy(reads):
+            head, streamed = self.streamer.split(item)
+            self.submit(streamed)
+            item = head
+        guard.after(reads, lambda: self.submit(item))
 
     def _run_fetch(self, item: QueuedJob) -> None:
         item = started(item)

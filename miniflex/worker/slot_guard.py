@@ -57,6 +57,12 @@ class SlotGuard:
         for f in readers:
             f.result()
 
+    def busy(self, slots: Iterable[SlotId]) -> bool:
+        """Whether any of ``slots`` has a reader still running (a job that writes them would
+        wait in :meth:`after`)."""
+        with self._lock:
+            return any(not f.done() for s in slots for f in self._readers.get(s, ()))
+
     def after(self, slots: set[SlotId], then: Callable[[], None]) -> None:
         """Call ``then()`` once every reader of ``slots`` is done: here if none is running,
         else on the thread that completes the last of them."""

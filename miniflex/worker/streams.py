@@ -98,12 +98,14 @@ class StreamedLoad:
         done: Future[JobResult],
         io: str,
         queued_at: float = 0.0,
-        waited: float = 0.0,
+        waited: float | None = 0.0,
     ) -> None:
         """``queued_at``: when the job reached the worker (its ``wall_seconds`` start);
-        ``waited``: its ``wait_seconds``, before a lane started it."""
+        ``waited``: its ``wait_seconds``, before a lane started it (None: the least of its
+        parts', for a job whose parts were queued apart, see :meth:`Streamer.split`)."""
         self._job, self._done, self._io, self._queued_at = job, done, io, queued_at
         self._waited = waited
+        self._part_waits: list[float] = []
         self._lock = threading.Lock()
         self._open = 1
         self._ok = True
@@ -136,6 +138,7 @@ class StreamedLoad:
             self._remote_s += res.remote_seconds
             self._failed_blocks += res.failed_block_ids
             self._failed_keys.update(res.failed_keys)
+            self._part_waits.append(res.wait_seconds)
         self._close_one()
 
     def close(self) -> None:
@@ -162,7 +165,7 @@ class StreamedLoad:
                 self._ssd_s,
                 self._remote_s,
                 time.perf_counter() - self._queued_at if self._queued_at else 0.0,
-                self._waited,
+                self._waited if self._waited is not None else min(self._part_waits, default=0),
             )
         )
 
@@ -234,6 +237,27 @@ class Streamer:
             load.part(JobResult(job.job_id, job.req_id, JobKind.LOAD, False, 0, 0.0, tuple(lost)))
         finally:
             load.close()
+
+    def split(self, item: QueuedJob) -> tuple[QueuedJob, QueuedJob]:
+        """``item``, a load with reads into CPU slots and streamed chunks, as two loads
+        queued apart: its reads with the chunks in CPU slots, then its streamed chunks, each
+        a part of ``item``'s one result (resolved once both are done). The handler queues
+        the streamed part at once when the slots the reads write into are still busy."""
+        job = item.job
+        staged = tuple(m for m in job.chunks if m.slot in self._ring)
+        held = tuple(m for m in job.chunks if m.slot not in self._ring)
+        head = replace(job, chunks=held, streams=())
+        tail = replace(job, chunks=staged, promotions=(), remote=(), unavailable=())
+        io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
+        load = StreamedLoad(job, item.done, io, item.queued_at, waited=None)
+        parts = []
+        for sub in (head, tail):
+            part: Future[JobResult] = Future()
+            part.add_done_callback(lambda fut: load.part(fut.result()))
+            load.expect()
+            parts.append(QueuedJob(sub, item.fence, part, queued_at=item.queued_at))
+        load.close()  # resolves ``item.done`` once both parts are
+        return parts[0], parts[1]
 
     def _hand_over_fetches(
         self,

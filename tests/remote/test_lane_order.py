@@ -1,6 +1,7 @@
 """A load's remote fetches run on a lane of their own: a store that stalls mid-fetch holds
 up neither another request's SSD reads nor any GPU copy (streamed through staging slots
-or not), and a load with both is copied only once both are read."""
+or not), a load with both is copied only once both are read, and a load's streamed chunks
+never wait for the slots its promotions write into."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from miniflex.types import BlockId, ChunkKey, ReqId, SlotId
 from miniflex.worker.handler import MiniFlexHandler
 from tests.handler_steps import run_plan, wait_until
 from tests.remote.conftest import NEEDS_SERVER, NS_A, payload, store
+from tests.remote.test_put_copies import gated_copies
 
 pytestmark = NEEDS_SERVER
 
@@ -228,3 +230,51 @@ def test_a_streamed_load_whose_store_stalls_holds_up_no_other_ssd_read(
     assert results[JobId(3)].ok
     assert block_bytes(kv, 4) == block_bytes(kv, 6) == ssd_bytes
     assert block_bytes(kv, 5) == remote_bytes
+
+
+def test_a_loads_streamed_chunks_do_not_wait_for_the_put_copy_of_the_slot_it_promotes_into(
+    handler: MiniFlexHandler, kv: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load promotes one chunk into slot 1, whose last store's put copy is held, and
+    streams two more (staging slots 4 and 5, one from SSD, one from the store): the streamed
+    chunks reach vLLM's blocks while the copy is held; the promotion waits for it, so the
+    put gets slot 1's stored bytes; the load then reports all three chunks as one result."""
+    h = handler
+    ssd_bytes, remote_bytes = on_ssd_and_remote(h)
+    gate, seen = gated_copies(monkeypatch)
+    stored = TransferJob(
+        JobId(2),
+        ReqId("s"),
+        JobKind.STORE,
+        (ChunkMove(SlotId(1), (BlockId(1),)),),
+        remote=(RemoteCopy(ChunkKey(1001), SlotId(1)),),
+    )
+    both = TransferJob(
+        JobId(3),
+        ReqId("b"),
+        JobKind.LOAD,
+        tuple(ChunkMove(SlotId(s), (BlockId(b),)) for s, b in ((1, 6), (4, 4), (5, 5))),
+        promotions=(SlotCopy(ON_SSD, SlotId(1), 0),),
+        streams=(SlotCopy(ON_SSD, SlotId(4), 0), RemoteCopy(REMOTE, SlotId(5))),
+    )
+    block1 = block_bytes(kv, 1)
+    try:
+        run_plan(h, 3, stored)
+        run_plan(h, 4, both)
+        wait_until(
+            lambda: block_bytes(kv, 4) == ssd_bytes and block_bytes(kv, 5) == remote_bytes,
+            "the streamed chunks, while slot 1's put copy is held",
+            timeout=5,  # within the held copy's own 10 s, so that a failure ends cleanly
+        )
+        assert h.in_flight(ReqId("b")) == 1 and block_bytes(kv, 6) != ssd_bytes
+    finally:
+        gate.set()
+    h.drain()
+    h.poll()
+    res = {r.job_id: r for r in h.take_results()}[JobId(3)]
+    assert res.ok and not res.failed_block_ids and not res.failed_keys
+    assert res.ssd_seconds > 0 and res.remote_seconds > 0
+    assert res.num_bytes == 3 * len(ssd_bytes)
+    assert 0 <= res.wait_seconds <= res.wall_seconds
+    assert block_bytes(kv, 6) == ssd_bytes
+    assert seen == [block1], "slot 1 was promoted into before its put copy"

@@ -140,3 +140,15 @@ def test_wait_all_returns_once_readers_finished_on_other_threads() -> None:
     assert all(r.done() for r in readers)
     for t in finishers:
         t.join()
+
+
+def test_busy_says_whether_an_overwrite_of_the_slots_would_wait() -> None:
+    guard, first, second = SlotGuard(), reader(), reader()
+    guard.hold([S1], first)
+    guard.hold([S1, S2], second)
+    assert guard.busy([S1]) and guard.busy([S2, S3]) and not guard.busy([S3])
+    assert not guard.busy([])
+    done(second)
+    assert guard.busy([S1]) and not guard.busy([S2])  # S1's first reader still runs
+    done(first, ok=False)
+    assert not guard.busy([S1, S2, S3])
