@@ -220,8 +220,9 @@ class JobResult:
     with earlier jobs). 0: not measured (a load inside the step)."""
     wait_seconds: float = 0.0
     """The part of ``wall_seconds`` before a lane first started the job: its wait for the
-    background readers of the slots it writes (put copies, write-backs) and for its lane.
-    0: not measured."""
+    background readers of the slots it writes (put copies, write-backs) and for its lane
+    (a load whose streamed chunks went ahead of its reads: the longer wait of the two
+    parts). 0: not measured."""
 
     @property
     def copy_seconds(self) -> float:

@@ -76,9 +76,10 @@ class LoadReads:
         for the write-backs and put copies of slots it does not touch."""
         reads = {c.cpu for c in item.job.reads}
         if item.job.streams and reads and guard.busy(reads):
-            head, streamed = self.streamer.split(item)
-            self.submit(streamed)
-            item = head
+            parts = self.streamer.split(item)
+            if parts is not None:
+                self.submit(parts[1])  # the streamed chunks
+                item = parts[0]
         guard.after(reads, lambda: self.submit(item))
 
     def _run_fetch(self, item: QueuedJob) -> None:

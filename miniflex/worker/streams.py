@@ -101,8 +101,9 @@ class StreamedLoad:
         waited: float | None = 0.0,
     ) -> None:
         """``queued_at``: when the job reached the worker (its ``wall_seconds`` start);
-        ``waited``: its ``wait_seconds``, before a lane started it (None: the least of its
-        parts', for a job whose parts were queued apart, see :meth:`Streamer.split`)."""
+        ``waited``: its ``wait_seconds``, before a lane started it (None: the longest of its
+        parts', for a job whose parts were queued apart, see :meth:`Streamer.split`: the
+        wait of its reads for their slots)."""
         self._job, self._done, self._io, self._queued_at = job, done, io, queued_at
         self._waited = waited
         self._part_waits: list[float] = []
@@ -165,7 +166,7 @@ class StreamedLoad:
                 self._ssd_s,
                 self._remote_s,
                 time.perf_counter() - self._queued_at if self._queued_at else 0.0,
-                self._waited if self._waited is not None else min(self._part_waits, default=0),
+                self._waited if self._waited is not None else max(self._part_waits, default=0),
             )
         )
 
@@ -238,13 +239,17 @@ class Streamer:
         finally:
             load.close()
 
-    def split(self, item: QueuedJob) -> tuple[QueuedJob, QueuedJob]:
+    def split(self, item: QueuedJob) -> tuple[QueuedJob, QueuedJob] | None:
         """``item``, a load with reads into CPU slots and streamed chunks, as two loads
         queued apart: its reads with the chunks in CPU slots, then its streamed chunks, each
         a part of ``item``'s one result (resolved once both are done). The handler queues
-        the streamed part at once when the slots the reads write into are still busy."""
+        the streamed part at once when the slots the reads write into are still busy.
+        None: the job's moves from staging slots do not match its streams (it runs whole,
+        and :meth:`run` reports it failed)."""
         job = item.job
         staged = tuple(m for m in job.chunks if m.slot in self._ring)
+        if len(staged) != len(job.streams) or not staged:
+            return None
         held = tuple(m for m in job.chunks if m.slot not in self._ring)
         head = replace(job, chunks=held, streams=())
         tail = replace(job, chunks=staged, promotions=(), remote=(), unavailable=())

@@ -145,8 +145,8 @@ class SoakWorkload(Workload):
         deadline = time.monotonic() + 60
         while not _kill_now(tally, rest) and time.monotonic() < deadline and sender.is_alive():
             time.sleep(0.005)
-        stop.set()  # no request starts after this: those not sent go after the restart
         row["in_flight_at_kill"] = tally.in_flight()
+        stop.set()  # no request starts after this: those not sent go after the restart
         srv.kill()
         sender.join()
         row["cut_by_kill"] = sum(1 for o in cut if o.error is not None)
