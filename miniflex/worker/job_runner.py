@@ -30,6 +30,7 @@ __all__ = [
     "execute",
     "fail_unreported",
     "failed_result",
+    "io_of",
     "resolver",
     "started",
     "waited",
@@ -112,6 +113,12 @@ def fail_unreported(item: QueuedJob, exc: Exception) -> None:
             resolver(group.copied, res)()
 
 
+def io_of(job: TransferJob, ssd: SSDCopier | None) -> str:
+    """The SSD I/O backend to report for ``job`` (``JobResult.io``): empty unless it
+    touches SSD."""
+    return ssd.backend if ssd is not None and job.touches_ssd else ""
+
+
 def unread(job: TransferJob, failed_keys: set[ChunkKey]) -> tuple[set[SlotId], list[BlockId]]:
     """The CPU slots of ``job``'s reads whose key failed, and the blocks loaded from them."""
     bad = {c.cpu for c in job.reads if c.key in failed_keys}
@@ -129,7 +136,7 @@ def execute(
     """Run a LOAD, DEMOTE or CLEAR job; a load's SSD reads were done before (``promoted``).
     STORE jobs go through :func:`~miniflex.worker.store_batch.execute_stores`."""
     t0 = time.perf_counter()
-    io = ssd.backend if ssd is not None and job.touches_ssd else ""
+    io = io_of(job, ssd)
     ssd_seconds = remote_seconds = 0.0
     try:
         failed_keys: set[ChunkKey] = set()

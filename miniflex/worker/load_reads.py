@@ -37,6 +37,7 @@ from miniflex.worker.job_runner import (
     QueuedJob,
     fail_unreported,
     failed_result,
+    io_of,
     started,
 )
 from miniflex.worker.lanes import Lane
@@ -113,6 +114,5 @@ class LoadReads:
         try:
             return self._promoter.promote(job.job_id, copies, fetches)
         except Exception as exc:  # the worker boundary: report, never crash vLLM
-            io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-            item.done.set_result(failed_result(job, exc, t0, io))
+            item.done.set_result(failed_result(job, exc, t0, io_of(job, self._ssd)))
             return None

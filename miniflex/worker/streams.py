@@ -42,7 +42,7 @@ from miniflex.plan import ChunkMove, JobKind, JobResult, RemoteCopy, SlotCopy, T
 from miniflex.ssd.copier import SSDCopier
 from miniflex.types import BlockId, ChunkKey, SlotId
 from miniflex.worker.fetch_handoff import Handoff
-from miniflex.worker.job_runner import Promoted, QueuedJob, waited
+from miniflex.worker.job_runner import Promoted, QueuedJob, io_of, waited
 from miniflex.worker.promotions import Promoter
 
 __all__ = ["StagingRing", "StreamedLoad", "Streamer"]
@@ -202,8 +202,7 @@ class Streamer:
         Never raises: a window that cannot be read fails the job, and the chunks not queued
         by then are load errors (vLLM recomputes them)."""
         job = item.job
-        io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-        load = StreamedLoad(job, item.done, io, item.queued_at, waited(item))
+        load = StreamedLoad(job, item.done, io_of(job, self._ssd), item.queued_at, waited(item))
         unsent: tuple[ChunkMove, ...] = job.chunks  # not handed to the gpu-load lane yet
         handoff: Handoff | None = None
         try:
@@ -247,14 +246,14 @@ class Streamer:
         None: the job's moves from staging slots do not match its streams (it runs whole,
         and :meth:`run` reports it failed)."""
         job = item.job
-        staged = tuple(m for m in job.chunks if m.slot in self._ring)
-        if len(staged) != len(job.streams) or not staged:
+        try:
+            staged = tuple(m for _, m in self._streamed(job))
+        except TransferError:
             return None
         held = tuple(m for m in job.chunks if m.slot not in self._ring)
         head = replace(job, chunks=held, streams=())
         tail = replace(job, chunks=staged, promotions=(), remote=(), unavailable=())
-        io = self._ssd.backend if self._ssd is not None and job.touches_ssd else ""
-        load = StreamedLoad(job, item.done, io, item.queued_at, waited=None)
+        load = StreamedLoad(job, item.done, io_of(job, self._ssd), item.queued_at, waited=None)
         parts = []
         for sub in (head, tail):
             part: Future[JobResult] = Future()
