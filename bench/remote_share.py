@@ -21,7 +21,10 @@ Both engines get ``PYTHONHASHSEED`` (0 unless set), so that they chain their blo
 from the same seed (vLLM 0.26 otherwise seeds them per process). TTFT is the wall time of
 a one-token request. The table and the JSON give the
 medians and ``recompute / remote``, the speed-up a replica gets from a prompt
-another replica computed. Without ``--url`` a private store runs on free ports
+another replica computed. Each JSON row also gives the remote request's load times
+(``remote_load_s``: ``queued`` is its wait for vLLM's KV space) and ``remote_blocks_held``:
+B's finished requests whose blocks came back meanwhile (the fresh prompt's, kept for its
+stores) and their seconds held. Without ``--url`` a private store runs on free ports
 (``bench.share_store``): a ``redis-server`` (8gb unless ``--server-memory``), or
 with ``--server mooncake`` a Mooncake Store, a master and one holder whose segment is
 ``--server-memory`` or else sized from the model's KV bytes per token and the
@@ -224,10 +227,10 @@ def _serve_b(
         _calibrate(b, rng, vocab, longest=max(n for n, _r, _t in cases))
         for n, r, tokens in cases:
             fresh = [rng.randrange(3, vocab) for _ in range(n)]
-            samples = {
-                "recompute": b.prefill(fresh, "recompute"),
-                "remote": b.prefill(tokens, "remote"),
-            }
+            samples = {"recompute": b.prefill(fresh, "recompute")}
+            held = b.blocks_held()
+            samples["remote"] = b.prefill(tokens, "remote")
+            held_after = b.blocks_held()
             b.evict_gpu()
             samples["cpu"] = b.prefill(tokens, "cpu")
             rows.append(
@@ -235,6 +238,7 @@ def _serve_b(
                 | {f"{k}_ms": s.ttft_ms for k, s in samples.items()}
                 | {f"{k}_tiers": dict(s.tiers) for k, s in samples.items()}
                 | {f"{k}_load_s": dict(s.load_s) for k, s in samples.items() if s.load_s}
+                | _held_during(held, held_after)
             )
             _log(
                 f"{policy}: {n} tokens #{r}: "
@@ -243,6 +247,18 @@ def _serve_b(
     finally:
         b.close()
     return rows
+
+
+def _held_during(
+    before: tuple[float, float] | None, after: tuple[float, float] | None
+) -> dict[str, Any]:
+    """``remote_blocks_held``: B's finished requests whose blocks came back while its remote
+    request waited or loaded (the fresh prompt's, held for its stores), and their seconds
+    held in all; nothing where the counters are not there."""
+    if before is None or after is None:
+        return {}
+    n, seconds = after[0] - before[0], after[1] - before[1]
+    return {"remote_blocks_held": {"requests": int(n), "seconds": round(seconds, 4)}}
 
 
 def _calibrate(b: OfflineDriver, rng: random.Random, vocab: int, longest: int) -> None:

@@ -60,6 +60,8 @@ class TransferStats:
     remote_puts_dropped: int = 0  # dropped unsent: remote_write_backlog was full
     remote_put_wait_seconds: float = 0.0  # puts waited for the same rank's fetches, all ranks
     decided_load_chunks: int = 0  # resident chunks the cost model chose to load
+    blocks_held_requests: int = 0  # finished requests whose blocks vLLM kept for MiniFlex
+    blocks_held_seconds: float = 0.0  # from each such finish to its blocks' release, summed
     ttft_samples: int = 0  # decided requests whose TTFT was measured
     ttft_predicted_s: float = 0.0
     ttft_actual_s: float = 0.0
@@ -103,6 +105,8 @@ class TransferStats:
         "remote_puts_dropped",
         "remote_put_wait_seconds",
         "decided_load_chunks",
+        "blocks_held_requests",
+        "blocks_held_seconds",
         "backfill_passes",
         "ttft_samples",
         "ttft_predicted_s",
@@ -136,6 +140,12 @@ class TransferStats:
         self.remote_puts_failed += p.failed
         self.remote_puts_dropped += p.dropped
         self.remote_put_wait_seconds += p.wait_seconds
+
+    def add_held(self, requests: int, seconds: float) -> None:
+        """``requests`` finished requests whose blocks vLLM kept for MiniFlex were released,
+        ``seconds`` after they finished in all (:mod:`miniflex.connector.held_blocks`)."""
+        self.blocks_held_requests += requests
+        self.blocks_held_seconds += seconds
 
     def merge(self, other: TransferStats) -> TransferStats:
         self.hit_tokens.update(other.hit_tokens)

@@ -241,14 +241,18 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
             st.stored_chunks = max(st.stored_chunks, keep.start, self._floor.get(s.req_id, 0))
 
     def update_connector_output(self, connector_output: Any) -> None:
+        """Every group's, with its own report (None: nothing to report, but the requests
+        vLLM got blocks back for still end their holds)."""
         meta = connector_output.kv_connector_worker_meta
-        if not isinstance(meta, GroupsWorkerMeta):
+        if meta is None and not (
+            connector_output.finished_sending or connector_output.finished_recving
+        ):
             return
-        for part, m in zip(self.parts, meta.metas, strict=True):
-            if m is not None:
-                part.update_connector_output(
-                    dataclasses.replace(connector_output, kv_connector_worker_meta=m)
-                )
+        metas = meta.metas if isinstance(meta, GroupsWorkerMeta) else (None,) * len(self.parts)
+        for part, m in zip(self.parts, metas, strict=True):
+            part.update_connector_output(
+                dataclasses.replace(connector_output, kv_connector_worker_meta=m)
+            )
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         raise AssertionError("vLLM calls request_finished_all_groups on a SupportsHMA connector")
@@ -264,7 +268,10 @@ class MiniFlexGroupsConnector(*_BASES):  # type: ignore[misc]
         params = answers[self.main][1] or {}
         stored = [(p or {}).get("miniflex", {}).get("stored_tokens", 0) for _, p in answers]
         params.setdefault("miniflex", {})["stored_tokens_by_group"] = stored
-        return any(delay for delay, _ in answers), params
+        delay = any(d for d, _ in answers)
+        if delay:  # vLLM keeps every group's blocks: counted where counters are reported
+            self.parts[self.main].scheduler.hold_blocks(request.request_id)
+        return delay, params
 
     def reset_cache(self) -> bool:
         return all([p.reset_cache() for p in self.parts])

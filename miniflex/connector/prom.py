@@ -131,6 +131,18 @@ _METRICS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, ...]]]] = {
         (),
         {"failed_jobs": ()},
     ),
+    "vllm:miniflex_blocks_held_requests": (
+        "Finished requests whose KV blocks vLLM kept for MiniFlex (their last stores running, "
+        "their chunks waiting for CPU slots on the way to SSD or the remote store, or, for "
+        "an aborted request, its load still running), counted when vLLM got them back.",
+        (),
+        {"blocks_held_requests": ()},
+    ),
+    "vllm:miniflex_blocks_held_seconds": (
+        "Seconds from each such request's finish until vLLM got its blocks back, summed.",
+        (),
+        {"blocks_held_seconds": ()},
+    ),
     "vllm:miniflex_backfill_passes": (
         "Lookups that passed over a waiting request which did not fit in vLLM's KV cache, "
         "so that requests behind it that fit were scheduled first (backfill_s).",

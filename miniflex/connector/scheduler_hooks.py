@@ -20,6 +20,7 @@ from typing import Any
 from miniflex.config import MiniFlexConfig
 from miniflex.connector import compat
 from miniflex.connector.adapter_keys import chunk_hashes
+from miniflex.connector.held_blocks import HeldBlocks
 from miniflex.connector.kv_events import TierEvents
 from miniflex.connector.live_state import LiveState
 from miniflex.connector.metadata import MiniFlexMetadata, MiniFlexWorkerMeta
@@ -72,6 +73,7 @@ class SchedulerHooks:
         self._live = LiveState(config.status_file)
         self._live.start(self.manager.status())
         self._events = TierEvents.for_engine(vllm_config, self.manager, facts.ns)
+        self._held = HeldBlocks()  # finished requests whose blocks vLLM keeps for MiniFlex
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -118,6 +120,11 @@ class SchedulerHooks:
     def update_connector_output(self, connector_output: Any) -> None:
         if connector_output.finished_sending:  # vLLM frees the blocks it held for stores
             self.backfill.room(len(connector_output.finished_sending))
+        freed = (connector_output.finished_sending or set()) | (
+            connector_output.finished_recving or set()
+        )
+        if freed:
+            self.manager.stats.add_held(*self._held.released(freed))
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, MiniFlexWorkerMeta):  # each part is often empty: every step
             m = self.manager
@@ -135,6 +142,8 @@ class SchedulerHooks:
         req_id = request.request_id
         params = self.manager.settle_hits(req_id).finished_params()
         delay = self.manager.on_finished(req_id)
+        if delay:
+            self.hold_blocks(req_id)
         self.backfill.forget(req_id)
         self._events.forget(req_id)
         if not delay:
@@ -142,6 +151,11 @@ class SchedulerHooks:
         self._requests.pop(req_id, None)
         self._observe()  # an abort may end the last request between engine steps
         return delay, params
+
+    def hold_blocks(self, req_id: ReqId) -> None:
+        """vLLM keeps finished ``req_id``'s blocks for MiniFlex from now until a worker
+        reports it finished-sending or finished-receiving (timed: ``held_blocks.py``)."""
+        self._held.hold(req_id)
 
     def may_load_async(self, request: Any) -> bool:
         """Whether the request may load a hit asynchronously: a tier holds its first chunk,

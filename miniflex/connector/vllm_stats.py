@@ -36,6 +36,8 @@ class MiniFlexConnectorStats(KVConnectorStats):
             secs = d.get(f"{kind}_seconds", 0.0)
             out[f"{kind}_ms_avg"] = round(1e3 * secs / n, 3) if n else 0.0
             out[f"{kind}_GBps"] = round(d.get(f"{kind}_bytes", 0) / secs / 1e9, 3) if secs else 0.0
+        held, held_s = d.get("blocks_held_requests", 0), d.get("blocks_held_seconds", 0.0)
+        out["blocks_held_ms_avg"] = round(1e3 * held_s / held, 1) if held else 0.0
         for clock in CLOCKS:  # clocks.py
             out[clock.removesuffix("_seconds") + "_ms"] = round(1e3 * d.get(clock, 0.0), 1)
         return out

@@ -258,6 +258,8 @@ def test_a_request_aborted_while_one_group_loads_keeps_its_blocks_until_it_is_do
     engine.run()
     assert engine.sched.reset_prefix_cache()
     total = engine.free_blocks()
+    main = engine.sched.connector.parts[engine.sched.connector.main].manager
+    held = main.totals.blocks_held_requests + main.stats.blocks_held_requests  # a's
     sliding = engine.gate(0)
     sliding.gate.clear()
     engine.add("b", prompt)
@@ -271,6 +273,35 @@ def test_a_request_aborted_while_one_group_loads_keeps_its_blocks_until_it_is_do
     assert "b" not in engine.sched.requests and engine.free_blocks() == total
     parts = engine.sched.connector.parts
     assert all(p.manager.cpu.usage().pinned_or_moving == 0 for p in parts)
+    # b's hold is counted once, where counters are reported, and no group holds it still
+    assert main.totals.blocks_held_requests + main.stats.blocks_held_requests == held + 1
+    assert all(len(p.scheduler._held) == 0 for p in parts)
+
+
+def test_blocks_kept_for_the_window_group_alone_are_counted_once(engine: Engine) -> None:
+    """The full-attention group's load is done when the request is aborted, the window
+    group's is not: vLLM keeps the blocks for that group alone, and the hold is counted
+    where counters are reported (the full-attention group's), once."""
+    prompt = tokens(6, 10 * CHUNK + 5)
+    engine.add("a", prompt)
+    engine.run()
+    assert engine.sched.reset_prefix_cache()
+    conn = engine.sched.connector
+    main = conn.parts[conn.main].manager
+    held = main.totals.blocks_held_requests + main.stats.blocks_held_requests
+    sliding = engine.gate(0)
+    sliding.gate.clear()
+    engine.add("b", prompt)
+    engine.step(drain=False)
+    engine.worker.parts[1].handler.drain()
+    engine.step(drain=False)  # the full-attention group's load result comes back
+    engine.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    engine.step(drain=False)
+    assert "b" in engine.sched.requests
+    sliding.gate.set()
+    engine.run()
+    assert "b" not in engine.sched.requests
+    assert main.totals.blocks_held_requests + main.stats.blocks_held_requests == held + 1
 
 
 def test_a_request_the_main_group_passes_over_is_looked_up_in_no_other_group(

@@ -34,6 +34,7 @@ from tests.connector.engine_config import (
     write_model_config,
 )
 from tests.connector.harness import Harness, make_harness
+from tests.connector.stats_sum import totals
 
 CHUNK = 2 * BLOCK
 HMA = "MiniFlexHMAConnector"
@@ -88,6 +89,7 @@ def test_blocks_of_a_request_finished_with_stores_in_flight_wait_for_them(h: Har
     h.run()
     assert h.finished_and_freed("a") and h.free_blocks() == total
     assert h.params["a"]["miniflex"]["stored_tokens"] == 3 * CHUNK
+    assert totals(h.kv_stats)["blocks_held_requests"] == 1
 
     assert h.sched.reset_prefix_cache()
     b = h.add("b", prompt, max_tokens=2)

@@ -13,7 +13,7 @@ from miniflex.keys import chunk_key
 from miniflex.types import ReqId
 from tests.connector.engine_config import tokens
 from tests.connector.harness import BLOCK, HEAD, HEADS, LAYERS, Harness, make_harness
-from tests.connector.stats_sum import summed_stats
+from tests.connector.stats_sum import summed_stats, totals
 
 CHUNK = 2 * BLOCK
 
@@ -71,6 +71,7 @@ def test_lookup_is_side_effect_free_and_capped_below_the_prompt(h: Harness) -> N
 def test_abort_while_waiting_for_load_releases_pins_and_blocks(h: Harness) -> None:
     prompt = tokens(3, 4 * CHUNK + 5)
     total = h.cached_in_miniflex_only("a", prompt)
+    held = totals(h.kv_stats)["blocks_held_requests"]  # a's, for its stores
     h.mover.gate.clear()  # the load will hang mid-flight
     h.add("b", prompt)
     h.step(wait_transfers=False)
@@ -81,6 +82,7 @@ def test_abort_while_waiting_for_load_releases_pins_and_blocks(h: Harness) -> No
     h.mover.gate.set()
     h.run()
     assert h.finished_and_freed("b") and pinned(h) == 0 and h.free_blocks() == total
+    assert totals(h.kv_stats)["blocks_held_requests"] == held + 1  # ended by finished_recving
 
 
 def test_request_finishing_with_save_in_flight_keeps_blocks_until_saved(h: Harness) -> None:

@@ -9,6 +9,7 @@ from the tiers, bit for bit.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from miniflex.scheduler import store_planner
 from miniflex.types import ReqId
 from tests.connector.engine_config import tokens as prompt_tokens
 from tests.connector.harness import BLOCK, Harness, make_harness
-from tests.connector.stats_sum import totals
+from tests.connector.stats_sum import prometheus_values, summed_stats, totals
 
 CHUNK = 2 * BLOCK
 SLOT = 4096  # the harness's chunk: 2 layers x 2 blocks x 1 KiB pages
@@ -150,4 +151,29 @@ def test_a_finished_request_is_released_after_the_plan_of_its_last_store(
     stored = [i for i, p in enumerate(plans) for j in p.jobs if j.req_id == "a"]
     assert len(released) == 1 and stored and max(stored) < released[0]
     assert totals(h.kv_stats).get("stores_skipped", 0) == 0
+    h.shutdown()
+
+
+def test_how_long_vllm_kept_a_finished_requests_blocks_is_counted(
+    tmp_path: Path, ssd: Path
+) -> None:
+    """The seconds from a request's finish until vLLM got its blocks back (its chunks waited
+    for CPU slots meanwhile) reach vLLM's stats and ``/metrics``, once per held request."""
+    h = harness(tmp_path, ssd, ssd_write="through")
+    h.add("a", prompt(6), max_tokens=2)
+    for _ in range(100):  # until "a" has finished and MiniFlex still holds its blocks
+        h.step()
+        if RequestStatus.is_finished(h.status("a")):
+            break
+    assert h.finished_and_freed("a") is False  # vLLM keeps them for MiniFlex
+    time.sleep(0.3)  # held all along
+    h.run()
+    assert h.finished_and_freed("a")
+    t = totals(h.kv_stats)
+    assert t["blocks_held_requests"] == 1
+    assert 0.3 <= t["blocks_held_seconds"] < 30
+    assert summed_stats(h.kv_stats).reduce()["blocks_held_ms_avg"] >= 300
+    value = prometheus_values(h.kv_stats, h.sched.vllm_config)
+    assert value("vllm:miniflex_blocks_held_requests_total") == 1
+    assert value("vllm:miniflex_blocks_held_seconds_total") == t["blocks_held_seconds"]
     h.shutdown()

@@ -29,6 +29,7 @@ __all__ = ["EngineSettings", "OfflineDriver", "on_cuda"]
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 TIME_TAKEN = "vllm:miniflex_time_taken_seconds_total"
+HELD = ("vllm:miniflex_blocks_held_requests_total", "vllm:miniflex_blocks_held_seconds_total")
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,20 @@ class OfflineDriver(Driver):
                     where = s.labels.get("where", "")
                     out[where] = out.get(where, 0.0) + s.value
         return out
+
+    def blocks_held(self) -> tuple[float, float] | None:
+        """Finished requests whose blocks vLLM kept for MiniFlex, and their seconds held,
+        so far (``connector/held_blocks.py``; None: not MiniFlex). Lags as ``time_taken``."""
+        if self.connector is not Connector.MINIFLEX:
+            return None
+        import prometheus_client
+
+        out = dict.fromkeys(HELD, 0.0)
+        for family in prometheus_client.REGISTRY.collect():
+            for s in family.samples:
+                if s.name in out:
+                    out[s.name] += s.value
+        return out[HELD[0]], out[HELD[1]]
 
     def _external_counter(self) -> float | None:
         """vLLM's counter of tokens loaded by the KV connector (None: not exported)."""
