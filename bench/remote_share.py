@@ -41,7 +41,7 @@ import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -282,7 +282,10 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
     prompt's CPU-tier hit (what the fetch adds to a load; None without a remote hit or
     ``kv_bytes``, the KV bytes per token, or where the second request was not all a CPU
     hit: a CPU tier smaller than the prompt). ``hit_gbps``: the remote hit's bytes over
-    the whole TTFT of the request it served (a floor of the fetch's speed)."""
+    the whole TTFT of the request it served (a floor of the fetch's speed).
+    ``remote_queued_s``: the remote request's wait for vLLM's KV space (``load_queued_s``);
+    ``remote_held_s``: the seconds B's earlier requests' blocks were held for MiniFlex that
+    ended meanwhile (``remote_blocks_held``); None where a row did not record them."""
     out = []
     for policy, n in sorted({(r.get("hit_policy", "cost"), r["prompt_tokens"]) for r in rows}):
         mine = [
@@ -298,6 +301,8 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
             else None
         )
         hit = remote_tokens * kv_bytes / (med["remote"] / 1e3) / 1e9 if remote_tokens else None
+        queued = _median_of(r.get("remote_load_s", {}).get("queued") for r in mine)
+        held = _median_of(r.get("remote_blocks_held", {}).get("seconds") for r in mine)
         out.append(
             {"hit_policy": policy, "prompt_tokens": n, "runs": len(mine)}
             | {f"{k}_ms": round(v, 1) for k, v in med.items()}
@@ -307,23 +312,34 @@ def summary(rows: list[dict[str, Any]], kv_bytes: int = 0) -> list[dict[str, Any
                 "remote_over_cpu": round(med["remote"] / med["cpu"], 2),
                 "fetch_gbps": None if fetch is None else round(fetch, 2),
                 "hit_gbps": round(hit, 2) if hit else None,
+                "remote_queued_s": queued,
+                "remote_held_s": held,
             }
         )
     return out
 
 
+def _median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values given (None where any row lacks one: not recorded)."""
+    known = list(values)
+    if not known or any(v is None for v in known):
+        return None
+    return round(statistics.median(known), 3)  # type: ignore[type-var]
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| B's hit_policy | prompt | recompute ms | remote ms | cpu ms | recompute/remote "
-        "| remote/cpu | remote hit | fetch GB/s | hit GB/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| remote/cpu | remote hit | fetch GB/s | hit GB/s | remote queued s | held s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in result["summary"]:
         lines.append(
             f"| {s['hit_policy']} | {s['prompt_tokens']} | {s['recompute_ms']} | "
             f"{s['remote_ms']} | {s['cpu_ms']} | "
             f"{s['recompute_over_remote']}x | {s['remote_over_cpu']}x | "
-            f"{s['remote_hit_tokens_min']} | {s.get('fetch_gbps')} | {s.get('hit_gbps')} |"
+            f"{s['remote_hit_tokens_min']} | {s.get('fetch_gbps')} | {s.get('hit_gbps')} | "
+            f"{s.get('remote_queued_s')} | {s.get('remote_held_s')} |"
         )
     return "\n".join(lines)
 
