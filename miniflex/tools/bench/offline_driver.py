@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -214,14 +214,10 @@ class OfflineDriver(Driver):
         whole numbers. The counters lag by at most one of MiniFlex's stats reports."""
         if self.connector is not Connector.MINIFLEX:
             return None
-        import prometheus_client
-
         out: dict[str, float] = {}
-        for family in prometheus_client.REGISTRY.collect():
-            for s in family.samples:
-                if s.name == TIME_TAKEN:
-                    where = s.labels.get("where", "")
-                    out[where] = out.get(where, 0.0) + s.value
+        for s in _registry_samples({TIME_TAKEN}):
+            where = s.labels.get("where", "")
+            out[where] = out.get(where, 0.0) + s.value
         return out
 
     def blocks_held(self) -> tuple[float, float] | None:
@@ -229,13 +225,9 @@ class OfflineDriver(Driver):
         so far (``connector/held_blocks.py``; None: not MiniFlex). Lags as ``time_taken``."""
         if self.connector is not Connector.MINIFLEX:
             return None
-        import prometheus_client
-
         out = dict.fromkeys(HELD, 0.0)
-        for family in prometheus_client.REGISTRY.collect():
-            for s in family.samples:
-                if s.name in out:
-                    out[s.name] += s.value
+        for s in _registry_samples(set(HELD)):
+            out[s.name] += s.value
         return out[HELD[0]], out[HELD[1]]
 
     def _external_counter(self) -> float | None:
@@ -248,6 +240,14 @@ class OfflineDriver(Driver):
             if m.name == EXTERNAL_HITS and hasattr(m, "value")
         ]
         return float(sum(values)) if values else None
+
+
+def _registry_samples(names: set[str]) -> Iterator[Any]:
+    """The samples of this process's Prometheus registry named in ``names``."""
+    import prometheus_client
+
+    for family in prometheus_client.REGISTRY.collect():
+        yield from (s for s in family.samples if s.name in names)
 
 
 def _with_external(s: Sample, external: int | None) -> Sample:
